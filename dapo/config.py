@@ -1,0 +1,568 @@
+"""Typed, strict configuration for DAPO runs: one preset = a *recipe* (what to train) + a *placement* (where).
+
+A preset is a YAML file (``dapo/presets/NAME.yaml``) that may ``extends:`` another one (a file name without
+extension, resolved in the same directory; underscore-prefixed files are shared bases, not runnable presets).
+Everything else in the bundle -- verl overrides, Helm values, rendered manifests, the fidelity document -- is
+derived from these objects.
+
+Strictness: every mapping is checked against the dataclass it fills; an unknown key is a :class:`ConfigError` that
+names the full dotted path and the file it came from, with a close-match suggestion. Types are checked too
+(``int`` where an ``int`` is expected, no silent string -> number conversion except from ``--set`` overrides, which
+are parsed as YAML scalars).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key and, where known, the file."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Recipe: what to train
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    # HF hub id or local directory of the policy; ``builtin:<name>`` builds a tiny model locally (no download).
+    path: str = "Qwen/Qwen2.5-32B"
+    # Tokenizer location when it differs from ``path``.
+    tokenizer_path: Optional[str] = None
+    # Keys merged into the HF model config before loading (e.g. ``max_position_embeddings: 32768``).
+    override_config: dict[str, Any] = field(default_factory=dict)
+    enable_gradient_checkpointing: bool = True
+    use_remove_padding: bool = True
+    trust_remote_code: bool = False
+
+
+@dataclass
+class DataConfig:
+    # Parquet files in the DAPO-Math-17k schema (data_source, prompt [chat], ability, reward_model, extra_info).
+    train_files: list[str] = field(default_factory=lambda: ["/data/dapo-math-17k.parquet"])
+    val_files: list[str] = field(default_factory=lambda: ["/data/aime-2024.parquet"])
+    prompt_key: str = "prompt"
+    # Prompts per training step (after dynamic sampling).
+    train_batch_size: int = 512
+    # Prompts per generation round; null = train_batch_size.
+    gen_batch_size: Optional[int] = None
+    max_prompt_length: int = 2048
+    max_response_length: int = 20480
+    truncation: Literal["left", "right", "error"] = "left"
+    shuffle: bool = True
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # -1 = disabled (vLLM convention).
+    top_k: int = -1
+    # Samples per prompt.
+    n: int = 1
+    do_sample: bool = True
+
+
+@dataclass
+class RolloutConfig:
+    # Samples per prompt (the group size G of the paper).
+    n: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    # Sampling for validation (the DAPO recipe: T=1.0, top_p=0.7, one sample per row).
+    val: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=1.0, top_p=0.7, top_k=-1, n=1))
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: Literal["grpo"] = "grpo"
+    # Divide by the group std (GRPO); false gives Dr.GRPO-style centred rewards.
+    norm_adv_by_std: bool = True
+    use_kl_in_reward: bool = False
+    kl_coef: float = 0.0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    # Linear warm-up steps, then constant (the recipe's schedule).
+    lr_warmup_steps: int = 10
+    weight_decay: float = 0.1
+    # Max global grad norm.
+    clip_grad: float = 1.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+
+
+@dataclass
+class ActorConfig:
+    # Decoupled clip (Clip-Higher, paper eq. 10): ratio clipped to [1 - low, 1 + high].
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    # Dual-clip bound for negative advantages.
+    clip_ratio_c: float = 10.0
+    loss_agg_mode: str = "token-mean"
+    # "minibatch": token-mean normalised over the whole mini-batch (correct token-level loss under gradient
+    # accumulation / data parallel); "microbatch": the reference commit's per-micro-batch mean.
+    token_mean_scope: Literal["minibatch", "microbatch"] = "minibatch"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    # Prompts per optimizer mini-batch (x n responses).
+    ppo_mini_batch_size: int = 32
+    ppo_epochs: int = 1
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = True
+    # L_cache of the paper (eq. 13): the last ``len`` tokens before max_response_length are penalised linearly.
+    len: int = 4096
+    penalty_factor: float = 1.0
+
+
+@dataclass
+class RewardConfig:
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # Overlong filtering: mask the loss of truncated responses (off in the DAPO recipes).
+    overlong_filter: bool = False
+    # Second opinion with math-verify, logged as its own metric; never changes the reward.
+    math_verify: bool = False
+
+
+@dataclass
+class FilterGroupsConfig:
+    # Dynamic sampling (paper eq. 11): keep groups whose metric varies.
+    enable: bool = False
+    metric: Literal["acc", "score", "seq_reward", "seq_final_reward"] = "acc"
+    # Generation rounds per step before giving up (<= 0: unlimited).
+    max_num_gen_batches: int = 10
+    # "reference": truncate surplus kept groups (paper); "carry": keep surplus for the next step and adapt the
+    # over-sampling factor (off-paper).
+    mode: Literal["reference", "carry"] = "reference"
+
+
+@dataclass
+class TrainerConfig:
+    total_epochs: int = 1
+    # Rollout steps; null = derived from epochs and data size.
+    total_training_steps: Optional[int] = None
+    save_freq: int = 5
+    test_freq: int = 5
+    val_before_train: bool = True
+    seed: int = 1
+    project_name: str = "DAPO"
+    experiment_name: str = "DAPO-Qwen2.5-32B"
+    # Where checkpoints go (on the shared volume on a cluster).
+    default_local_dir: str = "/shared/ckpts/${trainer.project_name}/${trainer.experiment_name}"
+    resume_mode: Literal["auto", "disable"] = "auto"
+    logger: list[str] = field(default_factory=lambda: ["console", "wandb"])
+    # Keep at most this many checkpoints (null: all).
+    max_ckpt_to_keep: Optional[int] = None
+
+
+@dataclass
+class RecipeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Placement: where it runs
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ParallelConfig:
+    # Ulysses sequence parallel size for the actor.
+    ulysses_sp: int = 1
+    # vLLM tensor parallel size for the rollout.
+    rollout_tp: int = 1
+    gpu_memory_utilization: float = 0.7
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = 8192
+    use_dynamic_bsz: bool = True
+    # Token budget per GPU for actor forward/backward with dynamic batching.
+    ppo_max_token_len_per_gpu: int = 22528
+    # Token budget per GPU for log-prob recomputation (null: same as ppo_max_token_len_per_gpu).
+    log_prob_max_token_len_per_gpu: Optional[int] = None
+    # Sequences per GPU per micro-batch when dynamic batching is off.
+    ppo_micro_batch_size_per_gpu: int = 1
+    param_offload: bool = False
+    optimizer_offload: bool = False
+
+
+@dataclass
+class PlacementConfig:
+    # "verl": verl worker groups on Ray (cluster); "local": one process, HF transformers (CPU or one GPU).
+    backend: Literal["verl", "local"] = "verl"
+    nodes: int = 1
+    gpus_per_node: int = 8
+    # Accelerator the preset was sized for (used by `dapo plan`).
+    accelerator: str = "h100"
+    # Local backend device: "cpu", "cuda", "cuda:N" or "auto".
+    device: str = "auto"
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    # Environment for every training process (runtime env on Ray).
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Local / tiny specifics
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TinyModelSpec:
+    """A Qwen2-architecture model built locally from scratch (``model.path: builtin:tiny``)."""
+
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 256
+    tie_word_embeddings: bool = True
+    seed: int = 0
+
+
+@dataclass
+class TaskSpec:
+    """Synthetic math task written in the DAPO-Math-17k schema."""
+
+    kind: Literal["addition"] = "addition"
+    digits: int = 2
+    n_train: int = 4000
+    n_val: int = 256
+    seed: int = 1234
+
+
+@dataclass
+class WarmStartSpec:
+    """Supervised warm start before RL so the policy starts with partial accuracy."""
+
+    enable: bool = True
+    steps: int = 300
+    batch_size: int = 128
+    lr: float = 3e-3
+    # Fraction of carrying problems whose SFT label carries a plausible systematic mistake ("forgot the carry").
+    mistake_rate: float = 0.5
+
+
+@dataclass
+class LocalConfig:
+    model: TinyModelSpec = field(default_factory=TinyModelSpec)
+    task: TaskSpec = field(default_factory=TaskSpec)
+    warm_start: WarmStartSpec = field(default_factory=WarmStartSpec)
+    # Validation samples per prompt for avg@k.
+    val_k: int = 1
+    # Optimizer steps per rollout step are derived from ppo_mini_batch_size; this caps update micro-batches.
+    micro_batch_size: int = 64
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Preset
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Preset:
+    name: str = ""
+    description: str = ""
+    # AIME-2024 avg@32 the preset is expected to reach (documentation only).
+    target_aime: Optional[float] = None
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    local: Optional[LocalConfig] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def get(self, dotted: str) -> Any:
+        """Value at a dotted path, e.g. ``recipe.actor.optim.lr``."""
+        obj: Any = self
+        for part in dotted.split("."):
+            if dataclasses.is_dataclass(obj):
+                if part not in {f.name for f in dataclasses.fields(obj)}:
+                    raise ConfigError(f"unknown key '{dotted}'")
+                obj = getattr(obj, part)
+            elif isinstance(obj, dict):
+                if part not in obj:
+                    raise ConfigError(f"unknown key '{dotted}'")
+                obj = obj[part]
+            else:
+                raise ConfigError(f"unknown key '{dotted}'")
+        return obj
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Strict dataclass loading
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, path: str, source: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and build nested dataclasses."""
+    where = f" in {source}" if source else ""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, path, source)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"'{path}'{where}: {value!r} matches none of {tp}")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"'{path}'{where}: {value!r} is not one of {list(allowed)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{path}'{where}: expected a mapping, got {type(value).__name__} {value!r}")
+        return _build(tp, value, path, source)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"'{path}'{where}: expected a list, got {type(value).__name__} {value!r}")
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        return [_coerce(v, item_tp, f"{path}[{i}]", source) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{path}'{where}: expected a mapping, got {type(value).__name__} {value!r}")
+        key_tp, val_tp = typing.get_args(tp) or (Any, Any)
+        return {str(k): _coerce(v, val_tp, f"{path}.{k}", source) for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"'{path}'{where}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"'{path}'{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads exponents without a dot (1e-6) as strings; accept what float() reads exactly
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"'{path}'{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            # env values and similar are often written unquoted in YAML (1, true); accept scalars as strings
+            if isinstance(value, (int, float, bool)) and path.split(".")[-2:-1] == ["env"]:
+                return str(value).lower() if isinstance(value, bool) else str(value)
+            raise ConfigError(f"'{path}'{where}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"'{path}'{where}: unsupported type {_type_name(tp)}")  # pragma: no cover
+
+
+def _build(cls: type, data: dict[str, Any], path: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            full = f"{path}.{key}" if path else str(key)
+            close = difflib.get_close_matches(str(key), sorted(names), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(sorted(names))})"
+            where = f" in {source}" if source else ""
+            raise ConfigError(f"unknown key '{full}'{where}{hint}")
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{path}.{key}" if path else key
+        kwargs[key] = _coerce(value, hints[key], full, source)
+    return cls(**kwargs)
+
+
+def from_dict(cls: type, data: dict[str, Any], *, source: str = "", path: str = "") -> Any:
+    """Build dataclass ``cls`` from a plain mapping, rejecting unknown keys and wrong types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source or 'config'}: expected a mapping at the top level, got {type(data).__name__}")
+    return _build(cls, data, path, source)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Recursive merge: mappings merge, everything else (lists included) is replaced by ``over``."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=VALUE`` -> (["a","b","c"], yaml-parsed VALUE)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.path=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"override {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc})") from exc
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides to a raw preset mapping (validated later by :func:`from_dict`)."""
+    out = copy.deepcopy(data)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {text!r}: '{part}' is not a mapping")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def preset_path(name: str) -> Path:
+    """Resolve a preset name (``full``) or a path to a YAML file."""
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    candidate = PRESET_DIR / f"{name}.yaml"
+    if candidate.exists() and not name.startswith("_"):
+        return candidate
+    raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())} (or a path to a YAML file)")
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if path in seen:
+        raise ConfigError(f"{path}: circular 'extends' chain {' -> '.join(str(s) for s in seen + (path,))}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: 'extends' must be a preset file name, got {parent!r}")
+    parent_path = path.parent / f"{parent}.yaml"
+    if not parent_path.exists():
+        raise ConfigError(f"{path}: 'extends: {parent}' names no file {parent_path}")
+    # the shared base must itself be a valid (strict) preset fragment
+    return deep_merge(_load_raw(parent_path, seen + (path,)), data)
+
+
+def load_raw_preset(name: str) -> dict[str, Any]:
+    """The merged (``extends`` resolved) mapping of a preset, before validation."""
+    path = preset_path(name)
+    data = _load_raw(path)
+    data.setdefault("name", path.stem)
+    return data
+
+
+def load_preset(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Preset:
+    """Load, merge, override and validate a preset. Raises :class:`ConfigError` naming the offending key."""
+    path = preset_path(name)
+    raw = load_raw_preset(name)
+    raw = apply_overrides(raw, overrides)
+    source = str(path) + (" + overrides" if overrides else "")
+    preset = from_dict(Preset, raw, source=source)
+    validate(preset)
+    return preset
+
+
+def validate(preset: Preset) -> None:
+    """Cross-field rules that must hold before anything is scheduled."""
+    r, p = preset.recipe, preset.placement
+    a = r.actor
+
+    def bad(key: str, msg: str) -> None:
+        raise ConfigError(f"preset {preset.name!r}: '{key}' {msg}")
+
+    if not 0.0 <= a.clip_ratio_low < 1.0:
+        bad("recipe.actor.clip_ratio_low", f"must be in [0, 1), got {a.clip_ratio_low}")
+    if not a.clip_ratio_high >= 0.0:
+        bad("recipe.actor.clip_ratio_high", f"must be >= 0, got {a.clip_ratio_high}")
+    if not a.clip_ratio_c > 1.0:
+        bad("recipe.actor.clip_ratio_c", f"must be > 1 (dual-clip bound), got {a.clip_ratio_c}")
+    if a.loss_agg_mode not in LOSS_AGG_MODES:
+        bad("recipe.actor.loss_agg_mode", f"must be one of {list(LOSS_AGG_MODES)}, got {a.loss_agg_mode!r}")
+    ob = r.reward.overlong_buffer
+    if ob.enable and not 0 < ob.len < r.data.max_response_length:
+        bad(
+            "recipe.reward.overlong_buffer.len",
+            f"must satisfy 0 < len < recipe.data.max_response_length ({r.data.max_response_length}), got {ob.len}",
+        )
+    if ob.penalty_factor < 0:
+        bad("recipe.reward.overlong_buffer.penalty_factor", f"must be >= 0, got {ob.penalty_factor}")
+    for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
+        if getattr(r.data, key) < 1:
+            bad(f"recipe.data.{key}", f"must be >= 1, got {getattr(r.data, key)}")
+    if r.data.gen_batch_size is not None and r.data.gen_batch_size < 1:
+        bad("recipe.data.gen_batch_size", f"must be >= 1, got {r.data.gen_batch_size}")
+    if r.rollout.n < 1:
+        bad("recipe.rollout.n", f"must be >= 1, got {r.rollout.n}")
+    if a.ppo_mini_batch_size < 1 or r.data.train_batch_size % a.ppo_mini_batch_size:
+        bad(
+            "recipe.actor.ppo_mini_batch_size",
+            f"({a.ppo_mini_batch_size}) must divide recipe.data.train_batch_size ({r.data.train_batch_size})",
+        )
+    if a.ppo_epochs < 1:
+        bad("recipe.actor.ppo_epochs", f"must be >= 1, got {a.ppo_epochs}")
+    if not 0 < r.rollout.top_p <= 1 or not 0 < r.rollout.val.top_p <= 1:
+        bad("recipe.rollout.top_p", "top_p must be in (0, 1]")
+    if r.rollout.temperature < 0 or r.rollout.val.temperature < 0:
+        bad("recipe.rollout.temperature", "must be >= 0")
+    if a.optim.lr <= 0:
+        bad("recipe.actor.optim.lr", f"must be > 0, got {a.optim.lr}")
+    if a.optim.lr_warmup_steps < 0:
+        bad("recipe.actor.optim.lr_warmup_steps", f"must be >= 0, got {a.optim.lr_warmup_steps}")
+    if p.nodes < 1:
+        bad("placement.nodes", f"must be >= 1, got {p.nodes}")
+    if p.backend == "verl" and p.gpus_per_node < 1:
+        bad("placement.gpus_per_node", f"must be >= 1 for the verl backend, got {p.gpus_per_node}")
+    if p.backend == "local" and preset.recipe.model.path.startswith("builtin:") and preset.local is None:
+        bad("local", "is required when recipe.model.path is builtin:*")

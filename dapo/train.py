@@ -1,0 +1,86 @@
+"""Training entrypoint: ``dapo train --preset NAME [key=value ...]`` == ``python -m dapo.train --preset NAME ...``.
+
+This is also the RayJob entrypoint on a cluster. It loads the preset (strict), applies overrides, and hands over to
+the backend the preset's placement names:
+
+- ``placement.backend: local`` -> :mod:`dapo.backends.local` (HF transformers in this process, CPU or one GPU)
+- ``placement.backend: verl``  -> :mod:`dapo.backends.verl` (verl worker groups on Ray)
+
+Overrides: ``recipe.…``, ``placement.…``, ``local.…`` keys address the preset (validated strictly). Any other
+``key=value`` is passed verbatim to verl's Hydra config (verl backend only; Hydra rejects unknown keys).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dapo.config import ConfigError, list_presets, load_preset
+
+PRESET_ROOTS = ("recipe", "placement", "local", "name", "description", "target_aime")
+
+
+def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
+    """Split positional ``key=value`` items into (preset overrides, verl Hydra overrides)."""
+    ours, verl = [], []
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        root = item.split("=", 1)[0].lstrip("+~").split(".", 1)[0]
+        (ours if root in PRESET_ROOTS else verl).append(item)
+    return ours, verl
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dapo train",
+        description="Train with a DAPO preset. Overrides: recipe.actor.optim.lr=1e-5 (preset keys) or "
+        "verl Hydra keys (verl backend), e.g. trainer.nnodes=2.",
+    )
+    p.add_argument("--preset", default="tiny", help=f"preset name ({', '.join(list_presets())}) or a YAML path")
+    p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved configuration and exit")
+    p.add_argument("--run-dir", default=None, help="local backend: run directory (default trainer.default_local_dir)")
+    p.add_argument("--device", default=None, help="local backend: cpu, cuda, cuda:N or auto (overrides the preset)")
+    p.add_argument(
+        "--resume", choices=["auto", "disable"], default=None, help="resume from the latest checkpoint (default: preset)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        ours, verl_overrides = split_overrides(args.overrides)
+        if args.device:
+            ours.append(f"placement.device={args.device}")
+        if args.resume:
+            ours.append(f"recipe.trainer.resume_mode={args.resume}")
+        preset = load_preset(args.preset, ours)
+        if preset.placement.backend == "local":
+            if verl_overrides:
+                raise ConfigError(
+                    f"overrides {verl_overrides} are not preset keys (recipe./placement./local.) and the "
+                    f"preset {preset.name!r} runs on the local backend, which has no verl config"
+                )
+            from dapo.backends.local import run as run_backend
+
+            return int(run_backend(preset, args) or 0)
+        from dapo.backends.verl import run as run_backend
+
+        return int(run_backend(preset, args, verl_overrides) or 0)
+    except ConfigError as exc:
+        print(f"dapo train: configuration error: {exc}", file=sys.stderr)
+        return 2
+
+
+def list_main(argv: list[str] | None = None) -> int:
+    for name in list_presets():
+        preset = load_preset(name)
+        print(f"{name:8s} {preset.placement.backend:5s} {preset.description}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

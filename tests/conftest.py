@@ -1,0 +1,30 @@
+"""Shared test helpers: where ../shared lives, and skips that say why."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DAPO_SHARED_DIR", ROOT.parent / "shared"))
+CRD_DIR = SHARED / "kuberay-crds" / "v1.7.0"
+AIME_PARQUET = SHARED / "data" / "aime-2024.parquet"
+
+
+def require_shared(path: Path) -> Path:
+    """Skip (with the reason) when the read-only ../shared material is absent, e.g. in a user's fresh clone."""
+    if not path.exists():
+        pytest.skip(f"{path} not present: this test needs the shared material beside the checkout (../shared)")
+    return path
+
+
+@pytest.fixture
+def crd_dir() -> Path:
+    return require_shared(CRD_DIR)
+
+
+@pytest.fixture
+def aime_parquet() -> Path:
+    return require_shared(AIME_PARQUET)

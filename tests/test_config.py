@@ -1,0 +1,55 @@
+"""The preset loader is strict: unknown keys and wrong types are errors that name the key and the file."""
+
+import pytest
+
+from dapo.config import ConfigError, list_presets, load_preset
+
+
+def test_every_preset_loads():
+    names = list_presets()
+    assert {"tiny", "smoke", "7b", "early", "full"} <= set(names)
+    for name in names:
+        assert load_preset(name).name == name
+
+
+def test_unknown_key_names_full_path_and_suggests():
+    with pytest.raises(ConfigError, match=r"recipe\.actor\.optim\.lrr.*did you mean 'lr'"):
+        load_preset("full", ["recipe.actor.optim.lrr=1e-5"])
+
+
+def test_wrong_type_is_rejected():
+    with pytest.raises(ConfigError, match=r"recipe\.data\.train_batch_size.*integer"):
+        load_preset("full", ["recipe.data.train_batch_size=lots"])
+
+
+def test_override_applies_and_parses_yaml_scalars():
+    p = load_preset("full", ["recipe.actor.optim.lr=2e-6", "placement.nodes=4"])
+    assert p.recipe.actor.optim.lr == 2e-6 and p.placement.nodes == 4
+
+
+def test_unknown_preset_lists_available():
+    with pytest.raises(ConfigError, match="unknown preset 'nope'.*full"):
+        load_preset("nope")
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("recipe.reward.overlong_buffer.len=30000", "overlong_buffer.len"),
+        ("recipe.actor.clip_ratio_c=1.0", "clip_ratio_c"),
+        ("recipe.actor.clip_ratio_low=1.5", "clip_ratio_low"),
+        ("recipe.actor.loss_agg_mode=mean", "loss_agg_mode"),
+        ("recipe.actor.ppo_mini_batch_size=33", "ppo_mini_batch_size"),
+        ("placement.nodes=0", "placement.nodes"),
+    ],
+)
+def test_cross_field_rules(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_preset("full", [override])
+
+
+def test_extends_merges_base_and_child():
+    early, full = load_preset("early"), load_preset("full")
+    assert early.recipe.actor.loss_agg_mode == "seq-mean-token-mean"
+    assert full.recipe.actor.loss_agg_mode == "token-mean"
+    assert early.recipe.data.max_response_length == full.recipe.data.max_response_length == 20480
