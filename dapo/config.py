@@ -212,6 +212,8 @@ class ParallelConfig:
     ppo_micro_batch_size_per_gpu: int = 1
     param_offload: bool = False
     optimizer_offload: bool = False
+    # FSDP shard group size (-1: shard over all GPUs; N < world: HSDP, replicas of N-GPU shard groups).
+    fsdp_size: int = -1
 
 
 @dataclass
