@@ -34,6 +34,7 @@ i.e. 0 up to ``L_max - L_cache`` tokens, then linearly down to ``-factor`` at ``
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -306,10 +307,14 @@ def math_verify_equal(solution_str: Any, ground_truth: Any) -> bool:
     default extraction. Needs the optional ``math-verify`` package (``ImportError`` with the install hint if absent).
     """
     mv = _load_math_verify()
+    # math-verify bounds its sympy work with SIGALRM, which only works in the main thread: elsewhere run unbounded
+    in_main = threading.current_thread() is threading.main_thread()
+    parse_kw = {} if in_main else {"parsing_timeout": None}
+    verify_kw = {} if in_main else {"timeout_seconds": None}
     try:
-        gold = mv.parse("\\boxed{" + _as_text(ground_truth) + "}", parsing_timeout=None)
-        answer = mv.parse(_as_text(solution_str)[-_TAIL_CHARS:], parsing_timeout=None)
-        return bool(gold) and bool(answer) and bool(mv.verify(gold, answer, timeout_seconds=None))
+        gold = mv.parse("\\boxed{" + _as_text(ground_truth) + "}", **parse_kw)
+        answer = mv.parse(_as_text(solution_str)[-_TAIL_CHARS:], **parse_kw)
+        return bool(gold) and bool(answer) and bool(mv.verify(gold, answer, **verify_kw))
     except Exception:
         return False
 
