@@ -547,6 +547,16 @@ def validate(preset: Preset) -> None:
         bad("recipe.data.gen_batch_size", f"must be >= 1, got {r.data.gen_batch_size}")
     if r.rollout.n < 1:
         bad("recipe.rollout.n", f"must be >= 1, got {r.rollout.n}")
+    fg = r.filter_groups
+    if fg.enable and r.rollout.n < 2:
+        bad("recipe.filter_groups.enable", f"needs recipe.rollout.n >= 2 (one response never varies), got {r.rollout.n}")
+    if not fg.enable and r.data.gen_batch_size not in (None, r.data.train_batch_size):
+        bad(
+            "recipe.data.gen_batch_size",
+            f"({r.data.gen_batch_size}) must be null or equal recipe.data.train_batch_size ({r.data.train_batch_size}) "
+            "when recipe.filter_groups.enable is false: without dynamic sampling the generation batch is the training "
+            "batch",
+        )
     if a.ppo_mini_batch_size < 1 or r.data.train_batch_size % a.ppo_mini_batch_size:
         bad(
             "recipe.actor.ppo_mini_batch_size",
