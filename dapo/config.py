@@ -549,7 +549,7 @@ def validate(preset: Preset) -> None:
         bad("recipe.rollout.n", f"must be >= 1, got {r.rollout.n}")
     fg = r.filter_groups
     if fg.enable and r.rollout.n < 2:
-        bad("recipe.filter_groups.enable", f"needs recipe.rollout.n >= 2 (one response never varies), got {r.rollout.n}")
+        bad("recipe.filter_groups.enable", f"needs recipe.rollout.n >= 2 (one response cannot vary), n={r.rollout.n}")
     if not fg.enable and r.data.gen_batch_size not in (None, r.data.train_batch_size):
         bad(
             "recipe.data.gen_batch_size",

@@ -209,9 +209,10 @@ def policy_loss(
         loss_scale_factor=loss_scale_factor,
     )
     with torch.no_grad():
+        dual_clipped = (loss_clip > loss_dual_bound) & negative
         metrics = {
             "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(log_prob.dtype), response_mask),
-            "pg_clipfrac_lower": masked_mean(((loss_clip > loss_dual_bound) & negative).to(log_prob.dtype), response_mask),
+            "pg_clipfrac_lower": masked_mean(dual_clipped.to(log_prob.dtype), response_mask),
             "ppo_kl": masked_mean(-log_ratio, response_mask),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}

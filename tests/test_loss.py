@@ -25,7 +25,7 @@ CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 10.0
 
 
 def verl_config(global_batch_info: dict | None = None, **over):
-    """The ActorConfig verl's FSDP worker hands to the policy loss (only the clip fields and global_batch_info matter)."""
+    """The ActorConfig verl's worker hands to the policy loss (only the clip fields and global_batch_info matter)."""
     kw = dict(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2,
               clip_ratio_low=CLIP_LOW, clip_ratio_high=CLIP_HIGH, clip_ratio_c=CLIP_C)  # fmt: skip
     kw.update(over)
