@@ -55,3 +55,21 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) $(EVAL_VENV) runs .pytest_cache
+
+# Container images (need Docker with BuildKit/buildx; not run by `make test`). See docs/images.md.
+#   make image                        training image, current stack (docker/Dockerfile + docker/constraints.txt)
+#   make image IMAGE_STACK=repro      reproduction stack of the reference runs (docker/repro.args)
+#   make image-eval                   evaluation image (docker/Dockerfile.eval + docker/constraints-eval.txt)
+#   add IMAGE_PUSH=1 to push (docker login to the registry first), IMAGE=/IMAGE_TAG= to rename
+IMAGE ?= ghcr.io/dapo-k8s/dapo
+IMAGE_STACK ?= current
+IMAGE_TAG ?= $(if $(filter repro,$(IMAGE_STACK)),0.1.0-repro-verl4f80e46,0.1.0-verl0.9.1)
+EVAL_IMAGE ?= ghcr.io/dapo-k8s/dapo-eval
+EVAL_IMAGE_TAG ?= 0.1.0-ray2.60.0
+IMAGE_PUSH ?= 0
+.PHONY: image image-eval
+image:
+	docker/build.sh --file docker/Dockerfile --tag $(IMAGE):$(IMAGE_TAG) $(if $(filter-out current,$(IMAGE_STACK)),--args docker/$(IMAGE_STACK).args) $(if $(filter 1,$(IMAGE_PUSH)),--push)
+
+image-eval:
+	docker/build.sh --file docker/Dockerfile.eval --tag $(EVAL_IMAGE):$(EVAL_IMAGE_TAG) $(if $(filter 1,$(IMAGE_PUSH)),--push)
