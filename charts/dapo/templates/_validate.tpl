@@ -1,0 +1,175 @@
+{{/*
+Cross-field rules that values.schema.json cannot express. Every message starts with the offending key.
+dapo/k8s/values.py applies the same rules for scripts/render.py (tests check both raise on the same input).
+Usage: at the top of every template: {{- include "dapo.validate" . -}}
+*/}}
+{{- define "dapo.validate" -}}
+{{- $v := .Values -}}
+{{- if and (not $v.train.enabled) (not $v.eval.enabled) -}}
+{{- fail "train.enabled: train.enabled and eval.enabled are both false; nothing to deploy" -}}
+{{- end -}}
+
+{{- /* RayJob names: DNS-1035 labels of at most 47 characters (KubeRay appends a 6-character suffix). */ -}}
+{{- range $kind := list "train" "eval" -}}
+{{- if (index $v $kind).enabled -}}
+{{- $name := include (printf "dapo.%sJobName" $kind) $ -}}
+{{- if gt (len $name) 47 -}}
+{{- fail (printf "fullnameOverride: the RayJob name %q has %d characters; KubeRay allows at most 47 (use a shorter release name or set fullnameOverride)" $name (len $name)) -}}
+{{- end -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "fullnameOverride: the RayJob name %q is not a DNS-1035 label (lower-case letters, digits, '-', starting with a letter)" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* Placement: from the preset unless values override it. */ -}}
+{{- $pl := include "dapo.placement" . | fromJson -}}
+{{- if eq $pl.backend "local" -}}
+{{- if or (not (kindIs "invalid" $v.nodes)) (not (kindIs "invalid" $v.gpusPerNode)) -}}
+{{- fail (printf "nodes: preset %q runs on the local backend inside the Ray head; nodes / gpusPerNode do not apply" $v.preset) -}}
+{{- end -}}
+{{- else -}}
+{{- if lt (int $pl.nodes) 1 -}}
+{{- fail (printf "nodes: must be >= 1, got %d (values nodes or the preset's placement.nodes)" (int $pl.nodes)) -}}
+{{- end -}}
+{{- if lt (int $pl.gpus) 1 -}}
+{{- fail (printf "gpusPerNode: must be >= 1 for the verl backend, got %d (values gpusPerNode or the preset's placement.gpus_per_node)" (int $pl.gpus)) -}}
+{{- end -}}
+{{- end -}}
+{{- range $o := $v.overrides -}}
+{{- $key := regexReplaceAll "^[+]+" (first (splitList "=" $o)) "" -}}
+{{- if has $key (list "placement.nodes" "placement.gpus_per_node" "placement.backend" "trainer.nnodes" "trainer.n_gpus_per_node") -}}
+{{- fail (printf "overrides: %q changes the placement; set the values nodes / gpusPerNode instead (the worker group is sized from them)" $o) -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* RayJob lifecycle rules of KubeRay v1.7, per job. */ -}}
+{{- range $kind := list "train" "eval" -}}
+{{- $job := index $v $kind -}}
+{{- if $job.enabled -}}
+{{- if and (not $job.shutdownAfterJobFinishes) (gt (int $job.ttlSecondsAfterFinished) 0) -}}
+{{- fail (printf "%s.ttlSecondsAfterFinished: must be 0 when %s.shutdownAfterJobFinishes is false (KubeRay rejects the RayJob)" $kind $kind) -}}
+{{- end -}}
+{{- if $job.deletionRules -}}
+{{- if $job.shutdownAfterJobFinishes -}}
+{{- fail (printf "%s.deletionRules: mutually exclusive with %s.shutdownAfterJobFinishes: true (KubeRay v1.7); set shutdownAfterJobFinishes: false and ttlSecondsAfterFinished: 0" $kind $kind) -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range $i, $r := $job.deletionRules -}}
+{{- $c := $r.condition -}}
+{{- $cond := "" -}}
+{{- if and (hasKey $c "jobStatus") (not (hasKey $c "jobDeploymentStatus")) -}}
+{{- $cond = printf "JobStatus %s" $c.jobStatus -}}
+{{- else if and (hasKey $c "jobDeploymentStatus") (not (hasKey $c "jobStatus")) -}}
+{{- $cond = printf "JobDeploymentStatus %s" $c.jobDeploymentStatus -}}
+{{- else -}}
+{{- fail (printf "%s.deletionRules[%d].condition: set exactly one of jobStatus and jobDeploymentStatus" $kind $i) -}}
+{{- end -}}
+{{- $key := printf "%s/%s" $cond $r.policy -}}
+{{- if hasKey $seen $key -}}
+{{- fail (printf "%s.deletionRules[%d]: duplicate rule for policy %s and %s" $kind $i $r.policy $cond) -}}
+{{- end -}}
+{{- $_ := set $seen $key (int ($c.ttlSeconds | default 0)) -}}
+{{- end -}}
+{{- range $i, $r := $job.deletionRules -}}
+{{- $c := $r.condition -}}
+{{- $cond := ternary (printf "JobStatus %s" (toString $c.jobStatus)) (printf "JobDeploymentStatus %s" (toString $c.jobDeploymentStatus)) (hasKey $c "jobStatus") -}}
+{{- $ttl := int ($c.ttlSeconds | default 0) -}}
+{{- $order := list "DeleteWorkers" "DeleteCluster" "DeleteSelf" -}}
+{{- if has $r.policy $order -}}
+{{- $idx := 0 -}}
+{{- range $j, $p := $order -}}{{- if eq $p $r.policy -}}{{- $idx = $j -}}{{- end -}}{{- end -}}
+{{- range $j, $p := $order -}}
+{{- if lt $j $idx -}}
+{{- $k := printf "%s/%s" $cond $p -}}
+{{- if and (hasKey $seen $k) (lt $ttl (int (index $seen $k))) -}}
+{{- fail (printf "%s.deletionRules[%d]: for %s the %s TTL (%d) must be >= the %s TTL (%d)" $kind $i $cond $r.policy $ttl $p (int (index $seen $k))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq $v.queue.scheduler "kueue") (not $job.shutdownAfterJobFinishes) -}}
+{{- fail (printf "queue.scheduler: kueue suspends RayJobs, which KubeRay allows only with %s.shutdownAfterJobFinishes: true" $kind) -}}
+{{- end -}}
+{{- if and (eq $v.queue.scheduler "kai") (eq $job.submissionMode "K8sJobMode") -}}
+{{- fail (printf "queue.scheduler: kai does not support %s.submissionMode K8sJobMode (the submitter pod escapes the gang); use HTTPMode or SidecarMode" $kind) -}}
+{{- end -}}
+{{- if and (eq $job.submissionMode "SidecarMode") (not (has $v.head.restartPolicy (list "" "Never"))) -}}
+{{- fail (printf "head.restartPolicy: must be empty or Never with %s.submissionMode SidecarMode, got %q" $kind $v.head.restartPolicy) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.queue.scheduler (not $v.queue.name) -}}
+{{- fail (printf "queue.name: required when queue.scheduler is %q" $v.queue.scheduler) -}}
+{{- end -}}
+
+{{- /* No GPU-holding head. */ -}}
+{{- range $section := list "requests" "limits" -}}
+{{- if hasKey (index $v.head.resources $section | default dict) "nvidia.com/gpu" -}}
+{{- fail (printf "head.resources.%s: the Ray head must not hold GPUs (it runs GCS, the dashboard and the driver; GPUs belong to the worker group)" $section) -}}
+{{- end -}}
+{{- if hasKey (index $v.worker.resources $section | default dict) "nvidia.com/gpu" -}}
+{{- fail (printf "worker.resources.%s: nvidia.com/gpu is set from gpusPerNode / the preset's placement.gpus_per_node; remove it here" $section) -}}
+{{- end -}}
+{{- end -}}
+{{- if ne (toString (index $v.head.rayStartParams "num-gpus")) "0" -}}
+{{- fail "head.rayStartParams.num-gpus: must be \"0\" so that no GPU work (verl's driver task, vLLM) lands on the head" -}}
+{{- end -}}
+{{- range $k, $_ := $v.worker.extraResources -}}
+{{- if has $k (list "cpu" "memory" "nvidia.com/gpu") -}}
+{{- fail (printf "worker.extraResources.%s: extraResources is for device resources (RDMA, EFA); cpu/memory go in worker.resources, GPUs come from gpusPerNode" $k) -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* Environment: tokens only from the Secret, no clash with what the chart sets. */ -}}
+{{- $managed := list "HF_HOME" "WANDB_ENTITY" "RAY_memory_monitor_refresh_ms" "NVIDIA_VISIBLE_DEVICES" -}}
+{{- range $where := list "env" "nccl" "train.runtimeEnv" "eval.runtimeEnv" -}}
+{{- $m := dict -}}
+{{- if eq $where "env" }}{{ $m = $v.env }}{{ else if eq $where "nccl" }}{{ $m = $v.nccl }}{{ else if eq $where "train.runtimeEnv" }}{{ $m = $v.train.runtimeEnv }}{{ else }}{{ $m = $v.eval.runtimeEnv }}{{ end -}}
+{{- range $k, $_ := $m -}}
+{{- if has $k (list "HF_TOKEN" "WANDB_API_KEY") -}}
+{{- fail (printf "%s.%s: tokens come only from the Secret (secret.name, secret.hfTokenKey / secret.wandbApiKeyKey), never from values" $where $k) -}}
+{{- end -}}
+{{- if and (has $where (list "env" "nccl")) (has $k $managed) -}}
+{{- fail (printf "%s.%s: set by the chart (see storage.hfHome, wandb.entity); remove it here" $where $k) -}}
+{{- end -}}
+{{- if and (eq $where "env") (hasKey $v.nccl $k) -}}
+{{- fail (printf "env.%s: also set in nccl; set it in one place" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- range $group := list "head" "worker" -}}
+{{- range $k, $_ := ((index $v $group).labels | default dict) -}}
+{{- if has $k (list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component") -}}
+{{- fail (printf "%s.labels.%s: set by the chart (selector label); remove it here" $group $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- if and $v.hostNetwork (not $v.worker.onePerHost) -}}
+{{- fail "worker.onePerHost: must be true with hostNetwork (two Ray workers on one host would collide on ports)" -}}
+{{- end -}}
+{{- range $key := list "dataPrep.outDir" "storage.hfHome" -}}
+{{- $path := ternary $v.dataPrep.outDir $v.storage.hfHome (eq $key "dataPrep.outDir") -}}
+{{- if not (hasPrefix (printf "%s/" (trimSuffix "/" $v.storage.mountPath)) $path) -}}
+{{- fail (printf "%s: %q is not under storage.mountPath %q (it would not survive the pod)" $key $path $v.storage.mountPath) -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* Evaluation needs a GPU worker, a checkpoint directory and a test file. */ -}}
+{{- if $v.eval.enabled -}}
+{{- if lt (int $pl.evalGpus) 1 -}}
+{{- fail (printf "eval.gpusPerNode: the evaluation serves the model on GPUs; must be >= 1, got %d" (int $pl.evalGpus)) -}}
+{{- end -}}
+{{- $p := include "dapo.preset" . | fromJson -}}
+{{- if and (not $v.eval.testFile) (not (($p.recipe | default dict).data | default dict).val_files) -}}
+{{- fail (printf "eval.testFile: the preset %q has no recipe.data.val_files; set eval.testFile" $v.preset) -}}
+{{- end -}}
+{{- if and (not $v.eval.checkpointDir) (not (($p.recipe | default dict).trainer | default dict).default_local_dir) -}}
+{{- fail (printf "eval.checkpointDir: the preset %q has no recipe.trainer.default_local_dir; set eval.checkpointDir" $v.preset) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,73 @@
+"""Kubernetes manifests for DAPO runs as pure functions (values + preset -> objects), the Python twin of the Helm
+chart ``charts/dapo``. ``scripts/render.py`` is the command line; tests check both produce the same objects.
+
+- :mod:`dapo.k8s.versions`: the pinned image / Ray / KubeRay versions.
+- :mod:`dapo.k8s.presets`: the preset files the chart mounts, and what the chart reads from them.
+- :mod:`dapo.k8s.values`: Helm-style value merging, the values schema, the chart's cross-field rules.
+- :mod:`dapo.k8s.manifests`: the objects (ConfigMap, PVC, training and evaluation RayJobs).
+- :mod:`dapo.k8s.rules`: KubeRay controller rules that the CRD schemas do not encode.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from dapo.k8s.manifests import HELM_ONLY_LABELS, Chart, build
+from dapo.k8s.presets import ValuesError
+from dapo.k8s.values import coalesce, parse_set, validate_schema
+
+
+def load_values(chart_dir: Path, value_files: Iterable[Path] = (), sets: Iterable[str] = (),
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The chart's defaults coalesced with value files, ``--set`` items and ``extra`` (in that order), checked
+    against ``values.schema.json`` -- what ``helm install -f ... --set ...`` would use."""
+    defaults = yaml.safe_load((chart_dir / "values.yaml").read_text()) or {}
+    layers: list[dict[str, Any]] = []
+    for f in value_files:
+        try:
+            data = yaml.safe_load(Path(f).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValuesError(f"{f}: not valid YAML ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ValuesError(f"{f}: expected a mapping at the top level")
+        layers.append(data)
+    layers += [parse_set(s) for s in sets]
+    if extra:
+        layers.append(extra)
+    values = coalesce(defaults, *layers)
+    validate_schema(values, json.loads((chart_dir / "values.schema.json").read_text()))
+    return values
+
+
+def validate_preset(values: dict[str, Any]) -> None:
+    """Load the preset strictly with the overrides the entrypoint will pass (Helm cannot do this)."""
+    from dapo.config import load_preset
+    from dapo.k8s.presets import merged_preset
+    from dapo.k8s.values import placement
+    from dapo.train import split_overrides
+
+    pl = placement(values, merged_preset(values["preset"]))
+    ours, _verl = split_overrides(list(values["overrides"]))
+    if pl["backend"] != "local":
+        ours += [f"placement.nodes={pl['nodes']}", f"placement.gpus_per_node={pl['gpus']}"]
+    load_preset(values["preset"], ours)
+
+
+def render_objects(chart_dir: Path, value_files: Iterable[Path] = (), sets: Iterable[str] = (), *,
+                   release: str = "dapo", namespace: str | None = None,
+                   extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """What ``helm template <release> charts/dapo -n <namespace> -f ... --set ...`` renders, without Helm.
+    ``namespace=None`` leaves metadata.namespace out (kubectl's current namespace applies)."""
+    meta = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
+    values = load_values(chart_dir, value_files, sets, extra)
+    objects = build(values, release=release, namespace=namespace, chart_name=meta["name"],
+                    app_version=str(meta["appVersion"]))
+    validate_preset(values)
+    return objects
+
+
+__all__ = ["HELM_ONLY_LABELS", "Chart", "ValuesError", "build", "load_values", "render_objects", "validate_preset"]

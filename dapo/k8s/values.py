@@ -1,0 +1,297 @@
+"""Chart values without Helm: merging, ``--set``, the JSON schema and the chart's cross-field rules.
+
+The defaults are the chart's own ``values.yaml`` (read by the caller, never copied here). Merging follows Helm:
+mappings merge recursively, lists and scalars are replaced, and a ``null`` removes the key. The rules in
+:func:`check` are those of ``charts/dapo/templates/_validate.tpl``, with the same messages: each starts with the
+offending key.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import yaml
+
+from dapo.k8s.presets import ValuesError, merged_preset, preset_chain
+from dapo.k8s.versions import MAX_RAYJOB_NAME
+
+DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+PLACEMENT_KEYS = ("placement.nodes", "placement.gpus_per_node", "placement.backend", "trainer.nnodes",
+                  "trainer.n_gpus_per_node")
+DELETION_ORDER = ("DeleteWorkers", "DeleteCluster", "DeleteSelf")
+TOKEN_ENV = ("HF_TOKEN", "WANDB_API_KEY")
+MANAGED_ENV = ("HF_HOME", "WANDB_ENTITY", "RAY_memory_monitor_refresh_ms", "NVIDIA_VISIBLE_DEVICES")
+SELECTOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component")
+
+
+def _drop_nulls(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _drop_nulls(v) for k, v in data.items() if v is not None}
+    return copy.deepcopy(data)
+
+
+def coalesce(base: dict[str, Any], *overs: dict[str, Any]) -> dict[str, Any]:
+    """Helm's value coalescing: later mappings win, maps merge, ``null`` deletes the key."""
+    out = _drop_nulls(base)
+    for over in overs:
+        out = _merge(out, over)
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = _drop_nulls(value)
+    return out
+
+
+def parse_set(text: str) -> dict[str, Any]:
+    """``a.b.c=VALUE`` (VALUE parsed as YAML, like ``helm --set`` for scalars) -> ``{"a": {"b": {"c": VALUE}}}``."""
+    if "=" not in text:
+        raise ValuesError(f"--set {text!r}: expected key.path=value")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ValuesError(f"--set {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ValuesError(f"--set {text!r}: value is not valid YAML ({exc})") from exc
+    out: dict[str, Any] = {}
+    node = out
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def validate_schema(values: dict[str, Any], schema: dict[str, Any]) -> None:
+    """Check values against the chart's values.schema.json; the message names the key like Helm does."""
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(schema)
+    errors = sorted(validator.iter_errors(values), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for err in errors:
+            where = "/" + "/".join(str(p) for p in err.absolute_path)
+            lines.append(f"at '{where if where != '/' else ''}': {err.message}")
+        raise ValuesError("values do not match values.schema.json:\n- " + "\n- ".join(lines))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What the templates derive from values + preset
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def fullname(values: dict[str, Any], release: str, chart_name: str) -> str:
+    """The chart's ``dapo.fullname``."""
+
+    def trim(s: str) -> str:
+        s = s[:63]
+        return s[:-1] if s.endswith("-") else s
+
+    if values.get("fullnameOverride"):
+        return trim(values["fullnameOverride"])
+    name = values.get("nameOverride") or chart_name
+    return trim(release) if name in release else trim(f"{release}-{name}")
+
+
+def placement(values: dict[str, Any], preset: dict[str, Any]) -> dict[str, Any]:
+    """The chart's ``dapo.placement``: backend, nodes, gpus (training) and evalGpus."""
+    pl = preset.get("placement") or {}
+    for key in ("backend", "nodes", "gpus_per_node"):
+        if key not in pl:
+            raise ValuesError(
+                f"preset: {values['preset']!r} does not set placement.{key} (the chart reads it from the preset chain)"
+            )
+    nodes = int(values["nodes"]) if values.get("nodes") is not None else int(pl["nodes"])
+    gpus = int(values["gpusPerNode"]) if values.get("gpusPerNode") is not None else int(pl["gpus_per_node"])
+    ev = values["eval"].get("gpusPerNode")
+    return {"backend": pl["backend"], "nodes": nodes, "gpus": gpus, "evalGpus": int(ev) if ev is not None else gpus}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Cross-field rules (charts/dapo/templates/_validate.tpl)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) -> None:
+    """Raise :class:`ValuesError` for the first impossible combination, with the chart's message."""
+    v = values
+    if not v["train"]["enabled"] and not v["eval"]["enabled"]:
+        raise ValuesError("train.enabled: train.enabled and eval.enabled are both false; nothing to deploy")
+    for kind, name in (("train", train_job_name), ("eval", eval_job_name)):
+        if not v[kind]["enabled"]:
+            continue
+        if len(name) > MAX_RAYJOB_NAME:
+            raise ValuesError(
+                f"fullnameOverride: the RayJob name {name!r} has {len(name)} characters; KubeRay allows at most "
+                f"{MAX_RAYJOB_NAME} (use a shorter release name or set fullnameOverride)"
+            )
+        if not DNS1035.fullmatch(name):
+            raise ValuesError(
+                f"fullnameOverride: the RayJob name {name!r} is not a DNS-1035 label (lower-case letters, digits, "
+                "'-', starting with a letter)"
+            )
+
+    preset_chain(v["preset"])  # the preset exists and its chain resolves
+    preset = merged_preset(v["preset"])
+    pl = placement(v, preset)
+    if pl["backend"] == "local":
+        if v.get("nodes") is not None or v.get("gpusPerNode") is not None:
+            raise ValuesError(
+                f"nodes: preset {v['preset']!r} runs on the local backend inside the Ray head; nodes / gpusPerNode "
+                "do not apply"
+            )
+    else:
+        if pl["nodes"] < 1:
+            raise ValuesError(
+                f"nodes: must be >= 1, got {pl['nodes']} (values nodes or the preset's placement.nodes)"
+            )
+        if pl["gpus"] < 1:
+            raise ValuesError(
+                f"gpusPerNode: must be >= 1 for the verl backend, got {pl['gpus']} (values gpusPerNode or the "
+                "preset's placement.gpus_per_node)"
+            )
+    for o in v["overrides"]:
+        key = o.split("=", 1)[0].lstrip("+")
+        if key in PLACEMENT_KEYS:
+            raise ValuesError(
+                f"overrides: {o!r} changes the placement; set the values nodes / gpusPerNode instead (the worker "
+                "group is sized from them)"
+            )
+
+    for kind in ("train", "eval"):
+        job = v[kind]
+        if not job["enabled"]:
+            continue
+        if not job["shutdownAfterJobFinishes"] and int(job["ttlSecondsAfterFinished"]) > 0:
+            raise ValuesError(
+                f"{kind}.ttlSecondsAfterFinished: must be 0 when {kind}.shutdownAfterJobFinishes is false (KubeRay "
+                "rejects the RayJob)"
+            )
+        rules = job.get("deletionRules") or []
+        if rules:
+            if job["shutdownAfterJobFinishes"]:
+                raise ValuesError(
+                    f"{kind}.deletionRules: mutually exclusive with {kind}.shutdownAfterJobFinishes: true (KubeRay "
+                    "v1.7); set shutdownAfterJobFinishes: false and ttlSecondsAfterFinished: 0"
+                )
+            _check_deletion_rules(kind, rules)
+        if v["queue"]["scheduler"] == "kueue" and not job["shutdownAfterJobFinishes"]:
+            raise ValuesError(
+                f"queue.scheduler: kueue suspends RayJobs, which KubeRay allows only with "
+                f"{kind}.shutdownAfterJobFinishes: true"
+            )
+        if v["queue"]["scheduler"] == "kai" and job["submissionMode"] == "K8sJobMode":
+            raise ValuesError(
+                f"queue.scheduler: kai does not support {kind}.submissionMode K8sJobMode (the submitter pod escapes "
+                "the gang); use HTTPMode or SidecarMode"
+            )
+        restart = v["head"].get("restartPolicy", "")
+        if job["submissionMode"] == "SidecarMode" and restart not in ("", "Never"):
+            raise ValuesError(
+                f"head.restartPolicy: must be empty or Never with {kind}.submissionMode SidecarMode, got {restart!r}"
+            )
+    if v["queue"]["scheduler"] and not v["queue"]["name"]:
+        raise ValuesError(f"queue.name: required when queue.scheduler is {v['queue']['scheduler']!r}")
+
+    for section in ("requests", "limits"):
+        if "nvidia.com/gpu" in (v["head"]["resources"].get(section) or {}):
+            raise ValuesError(
+                f"head.resources.{section}: the Ray head must not hold GPUs (it runs GCS, the dashboard and the "
+                "driver; GPUs belong to the worker group)"
+            )
+        if "nvidia.com/gpu" in (v["worker"]["resources"].get(section) or {}):
+            raise ValuesError(
+                f"worker.resources.{section}: nvidia.com/gpu is set from gpusPerNode / the preset's "
+                "placement.gpus_per_node; remove it here"
+            )
+    if str(v["head"]["rayStartParams"].get("num-gpus")) != "0":
+        raise ValuesError(
+            'head.rayStartParams.num-gpus: must be "0" so that no GPU work (verl\'s driver task, vLLM) lands on the head'
+        )
+    for key in sorted(v["worker"].get("extraResources") or {}):
+        if key in ("cpu", "memory", "nvidia.com/gpu"):
+            raise ValuesError(
+                f"worker.extraResources.{key}: extraResources is for device resources (RDMA, EFA); cpu/memory go in "
+                "worker.resources, GPUs come from gpusPerNode"
+            )
+
+    for where, mapping in (("env", v["env"]), ("nccl", v["nccl"]), ("train.runtimeEnv", v["train"]["runtimeEnv"]),
+                           ("eval.runtimeEnv", v["eval"]["runtimeEnv"])):
+        for key in sorted(mapping):
+            if key in TOKEN_ENV:
+                raise ValuesError(
+                    f"{where}.{key}: tokens come only from the Secret (secret.name, secret.hfTokenKey / "
+                    "secret.wandbApiKeyKey), never from values"
+                )
+            if where in ("env", "nccl") and key in MANAGED_ENV:
+                raise ValuesError(f"{where}.{key}: set by the chart (see storage.hfHome, wandb.entity); remove it here")
+            if where == "env" and key in v["nccl"]:
+                raise ValuesError(f"env.{key}: also set in nccl; set it in one place")
+    for group in ("head", "worker"):
+        for key in sorted(v[group].get("labels") or {}):
+            if key in SELECTOR_LABELS:
+                raise ValuesError(f"{group}.labels.{key}: set by the chart (selector label); remove it here")
+
+    if v["hostNetwork"] and not v["worker"]["onePerHost"]:
+        raise ValuesError(
+            "worker.onePerHost: must be true with hostNetwork (two Ray workers on one host would collide on ports)"
+        )
+    mount = v["storage"]["mountPath"]
+    for key, path in (("dataPrep.outDir", v["dataPrep"]["outDir"]), ("storage.hfHome", v["storage"]["hfHome"])):
+        prefix = (mount[:-1] if mount.endswith("/") else mount) + "/"
+        if not path.startswith(prefix):
+            raise ValuesError(f"{key}: {path!r} is not under storage.mountPath {mount!r} (it would not survive the pod)")
+
+    if v["eval"]["enabled"]:
+        if pl["evalGpus"] < 1:
+            raise ValuesError(
+                f"eval.gpusPerNode: the evaluation serves the model on GPUs; must be >= 1, got {pl['evalGpus']}"
+            )
+        recipe = preset.get("recipe") or {}
+        if not v["eval"].get("testFile") and not (recipe.get("data") or {}).get("val_files"):
+            raise ValuesError(f"eval.testFile: the preset {v['preset']!r} has no recipe.data.val_files; set eval.testFile")
+        if not v["eval"].get("checkpointDir") and not (recipe.get("trainer") or {}).get("default_local_dir"):
+            raise ValuesError(
+                f"eval.checkpointDir: the preset {v['preset']!r} has no recipe.trainer.default_local_dir; set "
+                "eval.checkpointDir"
+            )
+
+
+def _check_deletion_rules(kind: str, rules: list[dict[str, Any]]) -> None:
+    seen: dict[str, int] = {}
+    conds: list[str] = []
+    for i, rule in enumerate(rules):
+        c = rule.get("condition") or {}
+        if ("jobStatus" in c) == ("jobDeploymentStatus" in c):
+            raise ValuesError(
+                f"{kind}.deletionRules[{i}].condition: set exactly one of jobStatus and jobDeploymentStatus"
+            )
+        cond = f"JobStatus {c['jobStatus']}" if "jobStatus" in c else f"JobDeploymentStatus {c['jobDeploymentStatus']}"
+        key = f"{cond}/{rule['policy']}"
+        if key in seen:
+            raise ValuesError(f"{kind}.deletionRules[{i}]: duplicate rule for policy {rule['policy']} and {cond}")
+        seen[key] = int(c.get("ttlSeconds") or 0)
+        conds.append(cond)
+    for i, rule in enumerate(rules):
+        policy = rule["policy"]
+        if policy not in DELETION_ORDER:
+            continue
+        ttl = int(rule["condition"].get("ttlSeconds") or 0)
+        for earlier in DELETION_ORDER[: DELETION_ORDER.index(policy)]:
+            k = f"{conds[i]}/{earlier}"
+            if k in seen and ttl < seen[k]:
+                raise ValuesError(
+                    f"{kind}.deletionRules[{i}]: for {conds[i]} the {policy} TTL ({ttl}) must be >= the {earlier} "
+                    f"TTL ({seen[k]})"
+                )
