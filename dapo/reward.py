@@ -106,26 +106,34 @@ def _first_dollar_pair_per_line(s: str) -> str:
 
 
 def _unwrap_first_brace(s: str, opener: str) -> str:
-    """``<opener>X}`` -> ``X`` where ``}`` is the first closing brace on the same line; left to right, no overlap."""
+    """``<opener>X}`` -> ``X`` where ``}`` is the first closing brace on the same line; left to right, no overlap.
+
+    The next ``}`` and the next newline are cached (both only move forward), so the scan is linear.
+    """
     if opener not in s:
         return s
     out: list[str] = []
     pos, n, width = 0, len(s), len(opener)
+    next_close = next_newline = -2  # -2: not looked up yet; -1: none left
     while pos < n:
         k = s.find(opener, pos)
         if k < 0:
             break
-        close = s.find("}", k + width)
-        if close < 0 or s.find("\n", k + width, close) >= 0:
+        start = k + width
+        if next_close != -1 and next_close < start:
+            next_close = s.find("}", start)
+        if next_close < 0:
+            break  # no '}' anywhere after k: nothing further can match
+        if next_newline != -1 and next_newline < start:
+            next_newline = s.find("\n", start)
+        if 0 <= next_newline < next_close:
             # no '}' before the end of this line: no opener on the rest of this line can match either
-            newline = s.find("\n", k + width)
-            stop = n if newline < 0 else newline
-            out.append(s[pos:stop])
-            pos = stop
+            out.append(s[pos:next_newline])
+            pos = next_newline
             continue
         out.append(s[pos:k])
-        out.append(s[k + width : close])
-        pos = close + 1
+        out.append(s[start:next_close])
+        pos = next_close + 1
     out.append(s[pos:])
     return "".join(out)
 
