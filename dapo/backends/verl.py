@@ -1,0 +1,630 @@
+"""The verl backend: the one DAPO loop (:mod:`dapo.loop`) driving verl 0.9.1's worker groups on Ray.
+
+verl's PyPI wheel has DAPO's loss pieces and reward manager but no DAPO trainer (its legacy trainer ignores
+``algorithm.filter_groups``; its v1 trainer replaces dynamic sampling with a replay buffer). So the algorithm --
+reward, dynamic sampling, group advantages, cadence, resume -- is our loop, and this module is the thin adapter that
+implements :class:`dapo.backends.base.Backend` over verl's GPU workers:
+
+- :class:`VerlWorkers` is the seam: the five things the backend asks of the GPU side (generate, log-probs, actor
+  update, weight sync, checkpoints). :class:`RayWorkers` implements it with verl's own machinery, built the way
+  verl's ``RayPPOTrainer`` builds it (non-v1 path: ``main_ppo_v0.TaskRunner`` role mapping and resource pool,
+  ``RayPPOTrainer.init_workers``: FSDP actor + vLLM rollout replicas in one hybrid worker group, the reference policy
+  only when a KL term is on, the agent-loop rollout manager, the checkpoint engine for weight sync). Tests drive the
+  backend through a CPU stand-in of this seam.
+- :class:`VerlBackend` does the batch plumbing with real ``DataProto`` objects: prompt rows -> DataProto (uid =
+  group id, responses of a prompt contiguous: ``repeat(interleave=True)``), the rollout output joined back onto the
+  prompt rows, reward placement, ``select``/``concat`` by DataProto indexing/concat, ``pi_old`` via
+  ``compute_log_prob``, and the update: advantages broadcast over tokens (``A_i * response_mask``), the batch
+  reordered for balanced data-parallel work (verl's ``balance_batch``), then ``update_actor`` with our loss
+  (``loss_mode=dapo``, :mod:`dapo.backends.verl_loss`).
+
+Rewards: :func:`dapo.reward.score_responses` (DAPO's verifier + soft overlong punishment; the same numbers as verl's
+``dapo`` reward manager) on the decoded responses; the reward ``R_i`` is placed like verl on the last valid response
+token (``token_level_scores[i, L_i - 1] = R_i``, no KL in reward: ``token_level_rewards = token_level_scores``).
+verl's own reward loop (``reward.reward_manager.name=dapo``) still scores the rollout on the workers; its result is
+kept as ``verl_rm_scores`` and compared (``reward/verl_agreement``), a live check that both verifiers agree.
+
+:func:`run` is the ``dapo train`` entrypoint for ``placement.backend: verl``: it resolves and validates verl's config
+(:mod:`dapo.verl_config`) before anything touches Ray, prints it, and (unless ``--dry-run``) trains.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Optional, Protocol
+
+import numpy as np
+import torch
+
+from dapo.backends.base import Backend, Rollout, Sampling
+from dapo.config import ConfigError, Preset
+from dapo.loss import agg_loss, masked_mean
+
+__all__ = ["VerlWorkers", "RayWorkers", "VerlBackend", "place_scores", "balance_order", "run"]
+
+# non-tensor keys verl's trainer keeps on the training batch (the rest goes to the rollout only)
+_REWARD_KEYS = ("data_source", "reward_model", "extra_info", "uid")
+
+
+class VerlWorkers(Protocol):
+    """The GPU side of the verl backend (the seam; :class:`RayWorkers` is the real one).
+
+    All batches are ``verl.DataProto``. Shapes follow verl's agent loop: ``prompts`` ``[N, P]`` (left-padded),
+    ``responses`` / ``response_mask`` ``[N, R]`` (right-padded), ``input_ids`` / ``attention_mask`` /
+    ``position_ids`` ``[N, P + R]``.
+    """
+
+    dp_size: int  # the actor's data-parallel size (world / ulysses_sp)
+
+    def generate_sequences(self, gen_batch: Any, validate: bool) -> Any:
+        """One response per row of ``gen_batch`` (rows already repeated ``n`` times) with the config's train or
+        validation sampling; returns prompts/responses/response_mask/input_ids/attention_mask/position_ids
+        (+ ``rm_scores`` and reward extra info when verl's reward loop scored them)."""
+
+    def compute_log_prob(self, batch: Any) -> Any:
+        """``old_log_probs`` and ``entropys`` ``[N, R]`` under the current weights (no grad)."""
+
+    def update_actor(self, batch: Any) -> dict[str, float]:
+        """``ppo_epochs`` x mini-batches of the configured policy loss; returns reduced ``actor/*`` metrics."""
+
+    def sync_weights(self, step: int) -> None:
+        """Push the trainer's weights to the rollout replicas (after an update or a checkpoint load)."""
+
+    def save_checkpoint(self, directory: str, step: int) -> None: ...
+
+    def load_checkpoint(self, directory: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Plain helpers (DataProto in/out; no GPU)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _dataproto():
+    from verl.protocol import DataProto
+
+    return DataProto
+
+
+def _obj_array(values: list[Any]) -> np.ndarray:
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return arr
+
+
+def _as_messages(prompt: Any, where: str) -> list[dict[str, str]]:
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, np.ndarray):
+        prompt = prompt.tolist()
+    if not isinstance(prompt, (list, tuple)) or not all(isinstance(m, dict) and "content" in m for m in prompt):
+        raise ValueError(f"{where}: 'prompt' must be a chat list [{{role, content}}, ...] (DAPO-Math-17k schema)")
+    return [dict(m) for m in prompt]
+
+
+def _mixed(values: Any) -> bool:
+    return len({type(v) for v in values}) > 1
+
+
+def response_lengths(data: Any) -> torch.Tensor:
+    """Generated tokens per response (EOS included): the valid part of ``attention_mask`` after the prompt."""
+    prompt_len = data.batch["prompts"].shape[-1]
+    return data.batch["attention_mask"][:, prompt_len:].sum(-1)
+
+
+def place_scores(data: Any, rewards: Any) -> None:
+    """verl's reward placement: ``token_level_scores[i, L_i - 1] = R_i`` (last valid response token), zeros elsewhere;
+    ``token_level_rewards`` = ``token_level_scores`` (DAPO has no KL in the reward)."""
+    r = torch.as_tensor(np.asarray(rewards, dtype=np.float32)).reshape(-1)
+    lengths = response_lengths(data)
+    if r.shape[0] != lengths.shape[0]:
+        raise ValueError(f"{lengths.shape[0]} responses but {r.shape[0]} rewards")
+    if bool((lengths < 1).any()):
+        raise ValueError("a response has no valid token: cannot place its reward")
+    scores = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
+    scores[torch.arange(r.shape[0]), lengths - 1] = r
+    data.batch["token_level_scores"] = scores
+    data.batch["token_level_rewards"] = scores.clone()
+
+
+def balance_order(attention_mask: torch.Tensor, dp_size: int) -> tuple[np.ndarray, dict[str, float]]:
+    """verl's ``balance_batch``: a permutation giving each of ``dp_size`` equal-size chunks a similar workload.
+
+    Partitions by verl's Karmarkar-Karp (``get_seqlen_balanced_partitions`` over ``calculate_workload``), then within
+    each partition shortest/longest sequences at both ends (verl's ordering). Returns (order, verl's balance metrics).
+    """
+    from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions, log_seqlen_unbalance
+
+    n = attention_mask.shape[0]
+    if dp_size <= 1 or n % dp_size:
+        return np.arange(n), {}
+    seqlen = attention_mask.view(n, -1).sum(-1)
+    workload = calculate_workload(seqlen)
+    parts = get_seqlen_balanced_partitions(workload.tolist(), k_partitions=dp_size, equal_size=True)
+    ordered = []
+    for part in parts:
+        part = sorted(part, key=lambda i: (float(workload[i]), i))
+        ordered.append(part[::2] + part[1::2][::-1])
+    metrics = log_seqlen_unbalance(seqlen_list=seqlen.tolist(), partitions=ordered, prefix="global_seqlen")
+    return np.asarray([i for part in ordered for i in part], dtype=np.int64), {k: float(v) for k, v in metrics.items()}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The backend
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class VerlBackend(Backend):
+    """:class:`~dapo.backends.base.Backend` over verl worker groups. ``Rollout.data`` is a ``verl.DataProto``."""
+
+    def __init__(self, cfg: Any, preset: Preset, workers: VerlWorkers, tokenizer: Any, eos_token_ids: Optional[set] = None):
+        self.cfg = cfg
+        self.preset = preset
+        self.recipe = preset.recipe
+        self.workers = workers
+        self.tokenizer = tokenizer
+        eos = set(eos_token_ids or ())
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        self.eos_token_ids = eos
+        self.step = 0  # actor updates done (verl's global step for checkpoints and weight sync)
+        self._next_gid = 0
+        self._pending: dict[str, list[float]] = {}  # generation-side metrics, reported with the next step
+
+    # -- generation --------------------------------------------------------------------------------------------------
+    def _is_validation(self, s: Sampling) -> bool:
+        ro, val = self.cfg.actor_rollout_ref.rollout, self.cfg.actor_rollout_ref.rollout.val_kwargs
+
+        def same(a: Any, b: Any) -> bool:
+            return abs(float(a) - float(b)) < 1e-9
+
+        def matches(n, t, p, k, do_sample) -> bool:
+            return (int(s.n) == int(n) and same(s.temperature, t) and same(s.top_p, p) and int(s.top_k) == int(k)
+                    and bool(s.do_sample) == bool(do_sample))  # fmt: skip
+
+        if matches(ro.n, ro.temperature, ro.top_p, ro.top_k, ro.do_sample):
+            return False
+        if matches(val.n, val.temperature, val.top_p, val.top_k, val.do_sample):
+            return True
+        raise ConfigError(
+            f"sampling {s} matches neither the train sampling (n={ro.n}, temperature={ro.temperature}, "
+            f"top_p={ro.top_p}, top_k={ro.top_k}) nor the validation sampling (recipe.rollout.val: n={val.n}, "
+            f"temperature={val.temperature}, top_p={val.top_p}, top_k={val.top_k}): verl's vLLM servers take their "
+            "sampling parameters from the config"
+        )
+
+    def prompts_to_dataproto(self, prompts: list[dict[str, Any]], group_ids: list) -> Any:
+        """Prompt rows (DAPO-Math-17k schema) -> the DataProto verl's dataset + collate would give, plus ``uid``."""
+        key = self.recipe.data.prompt_key
+        raw, sources, rms, extras, index = [], [], [], [], []
+        for i, row in enumerate(prompts):
+            where = f"prompt row {i}"
+            if key not in row:
+                raise ValueError(f"{where}: no '{key}' column (recipe.data.prompt_key)")
+            rm = row.get("reward_model")
+            if not isinstance(rm, dict) or "ground_truth" not in rm:
+                raise ValueError(f"{where}: 'reward_model' must be a mapping with 'ground_truth'")
+            raw.append(_as_messages(row[key], where))
+            sources.append(row.get("data_source", "math_dapo"))
+            rms.append(dict(rm))
+            extra = dict(row.get("extra_info") or {})
+            extras.append(extra)
+            index.append(extra.get("index", i))
+        n = len(prompts)
+        DataProto = _dataproto()
+        return DataProto.from_dict(
+            tensors={"dummy_tensor": torch.zeros((n, 1), dtype=torch.uint8)},
+            non_tensors={
+                "raw_prompt": _obj_array(raw),
+                "data_source": _obj_array(sources),
+                "reward_model": _obj_array(rms),
+                "extra_info": _obj_array(extras),
+                "index": _obj_array(index),
+                "tools_kwargs": _obj_array([{} for _ in range(n)]),
+                "interaction_kwargs": _obj_array([{} for _ in range(n)]),
+                "uid": _obj_array([str(g) for g in group_ids]),
+            },
+            meta_info={"temperature": float(self.cfg.actor_rollout_ref.rollout.temperature)},
+        )
+
+    def generate(self, prompts: list[dict[str, Any]], sampling: Sampling, group_ids: Optional[list] = None) -> Rollout:
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        validate = self._is_validation(sampling)
+        if group_ids is None:
+            group_ids = list(range(self._next_gid, self._next_gid + len(prompts)))
+            self._next_gid += len(prompts)
+        if len(group_ids) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(group_ids)} group ids")
+        n = int(sampling.n)
+        batch = self.prompts_to_dataproto(prompts, group_ids)
+        # verl's trainer: everything but the reward keys goes to the rollout only (RayPPOTrainer._get_gen_batch)
+        pop_keys = [k for k in batch.non_tensor_batch if k not in _REWARD_KEYS]
+        gen_batch = batch.pop(batch_keys=[], non_tensor_batch_keys=pop_keys)
+        gen_batch.non_tensor_batch.update(batch.non_tensor_batch)
+        gen_batch.meta_info.update({
+            "eos_token_id": getattr(self.tokenizer, "eos_token_id", None),
+            "pad_token_id": getattr(self.tokenizer, "pad_token_id", None),
+            "do_sample": bool(sampling.do_sample),
+            "validate": validate,
+            "global_steps": self.step,
+        })  # fmt: skip
+        t0 = time.perf_counter()
+        out = self.workers.generate_sequences(gen_batch.repeat(repeat_times=n, interleave=True), validate=validate)
+        self._note("timing_s/gen", time.perf_counter() - t0)
+        out = self._own_output(out)
+        data = batch.repeat(repeat_times=n, interleave=True).union(out)
+        data.pop(batch_keys=["dummy_tensor"])
+        if "response_mask" not in data.batch.keys():
+            data.batch["response_mask"] = data.batch["attention_mask"][:, data.batch["prompts"].shape[-1]:]
+        gids = np.repeat(np.asarray(list(group_ids), dtype=object if _mixed(group_ids) else None), n)
+        return self._rollout(data, [row for row in prompts for _ in range(n)], gids)
+
+    def _own_output(self, out: Any) -> Any:
+        """Rename verl's reward-loop outputs (``rm_scores`` and its extra info) to ``verl_*`` and drop meta_info, so
+        rollouts concat cleanly and our reward is the only ``token_level_scores``."""
+        extra = list(out.meta_info.get("reward_extra_keys", []) or [])
+        timing = out.meta_info.get("timing") or {}
+        for k, v in timing.items():
+            self._note(f"timing_s/{k}" if not k.startswith(("timing", "agent_loop")) else k, float(v))
+        if "rm_scores" in out.batch.keys():
+            out.batch["verl_rm_scores"] = out.batch.pop("rm_scores")
+        for k in extra:
+            if k in out.non_tensor_batch:
+                out.non_tensor_batch[f"verl_{k}"] = out.non_tensor_batch.pop(k)
+        out.meta_info = {}
+        return out
+
+    def _rollout(self, data: Any, rows: list[dict[str, Any]], group_ids: np.ndarray) -> Rollout:
+        from dapo.reward import score_responses
+
+        resp = data.batch["responses"]
+        lengths = response_lengths(data)
+        L = lengths.cpu().numpy().astype(np.int64)
+        texts = []
+        last_tok = []
+        for i in range(resp.shape[0]):
+            ids = resp[i, : int(L[i])].tolist()
+            last_tok.append(ids[-1] if ids else None)
+            texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+        max_len = int(self.cfg.data.max_response_length)
+        truncated = np.asarray([int(L[i]) >= max_len and last_tok[i] not in self.eos_token_ids for i in range(len(L))])
+        ob = self.recipe.reward.overlong_buffer
+        scored = score_responses(
+            texts,
+            [r["reward_model"]["ground_truth"] for r in rows],
+            L,
+            max_response_length=max_len,
+            overlong_buffer_len=ob.len,
+            overlong_penalty_factor=ob.penalty_factor,
+            overlong_enable=ob.enable,
+        )
+        place_scores(data, scored["reward"])
+        stats: dict[str, np.ndarray] = {
+            "reward": np.asarray(scored["reward"], dtype=np.float64),
+            "score": np.asarray(scored["score"], dtype=np.float64),
+            "acc": np.asarray(scored["acc"], dtype=bool),
+        }
+        if "rollout_log_probs" in data.batch.keys():
+            m = data.batch["response_mask"].float()
+            p = (data.batch["rollout_log_probs"].float().exp() * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+            stats["mean_prob"] = p.cpu().numpy().astype(np.float64)
+        if "verl_rm_scores" in data.batch.keys():
+            verl_reward = data.batch["verl_rm_scores"].sum(-1).cpu().numpy().astype(np.float64)
+            stats["verl_reward"] = verl_reward
+            self._note("reward/verl_agreement", float(np.mean(np.abs(verl_reward - stats["reward"]) < 1e-5)))
+        return Rollout(
+            group_ids=group_ids,
+            prompt_rows=rows,
+            response_text=texts,
+            response_length=L,
+            truncated=truncated,
+            data=data,
+            stats=stats,
+        )
+
+    def _note(self, key: str, value: float) -> None:
+        self._pending.setdefault(key, []).append(float(value))
+
+    def _flush_notes(self) -> dict[str, float]:
+        out = {}
+        for k, vals in self._pending.items():
+            out[k] = float(np.sum(vals)) if k.startswith("timing") else float(np.mean(vals))
+        self._pending = {}
+        return out
+
+    # -- batch plumbing ----------------------------------------------------------------------------------------------
+    def select(self, rollout: Rollout, index: np.ndarray) -> Rollout:
+        idx = np.asarray(index, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(rollout)):
+            raise IndexError(f"select: index out of range for a rollout of {len(rollout)} responses")
+        return Rollout(
+            group_ids=np.asarray(rollout.group_ids)[idx],
+            prompt_rows=[rollout.prompt_rows[i] for i in idx],
+            response_text=[rollout.response_text[i] for i in idx],
+            response_length=np.asarray(rollout.response_length)[idx],
+            truncated=np.asarray(rollout.truncated)[idx],
+            data=rollout.data[idx],
+            stats={k: np.asarray(v)[idx] for k, v in rollout.stats.items()},
+        )
+
+    def concat(self, rollouts: list[Rollout]) -> Rollout:
+        if not rollouts:
+            raise ValueError("concat() of no rollouts")
+        if len(rollouts) == 1:
+            return rollouts[0]
+        keys = set(rollouts[0].stats)
+        for r in rollouts[1:]:
+            if set(r.stats) != keys:
+                raise ValueError(f"concat: rollouts carry different stats {sorted(keys)} vs {sorted(r.stats)}")
+        return Rollout(
+            group_ids=np.concatenate([np.asarray(r.group_ids) for r in rollouts]),
+            prompt_rows=[row for r in rollouts for row in r.prompt_rows],
+            response_text=[t for r in rollouts for t in r.response_text],
+            response_length=np.concatenate([np.asarray(r.response_length) for r in rollouts]),
+            truncated=np.concatenate([np.asarray(r.truncated) for r in rollouts]),
+            data=_dataproto().concat([r.data for r in rollouts]),
+            stats={k: np.concatenate([np.asarray(r.stats[k]) for r in rollouts]) for k in keys},
+        )
+
+    # -- pi_old and the update ---------------------------------------------------------------------------------------
+    def compute_old_log_probs(self, batch: Rollout) -> dict[str, float]:
+        data = batch.data
+        for k in ("old_log_probs", "entropys"):
+            if k in data.batch.keys():
+                data.batch.pop(k)
+        data.meta_info["global_token_num"] = torch.sum(data.batch["attention_mask"], dim=-1).tolist()
+        t0 = time.perf_counter()
+        out = self.workers.compute_log_prob(data)
+        elapsed = time.perf_counter() - t0
+        old, ent = out.batch["old_log_probs"].float(), out.batch["entropys"].float()
+        mask = data.batch["response_mask"]
+        if old.shape != mask.shape:
+            raise ValueError(f"compute_log_prob returned {tuple(old.shape)}, expected {tuple(mask.shape)}")
+        data.batch["old_log_probs"] = old
+        metrics = self._flush_notes()
+        metrics.update({
+            "actor/entropy": float(agg_loss(ent, mask, self.recipe.actor.loss_agg_mode)),
+            "actor/mean_prob": float(masked_mean(old.exp(), mask)),
+            "timing_s/old_log_prob": elapsed,
+        })  # fmt: skip
+        return metrics
+
+    def update(self, batch: Rollout, advantages: np.ndarray, loss_mask: Optional[np.ndarray] = None) -> dict[str, float]:
+        data = batch.data
+        if "old_log_probs" not in data.batch.keys():
+            raise RuntimeError("update() before compute_old_log_probs(): pi_old must be recomputed first")
+        n = len(batch)
+        adv = torch.as_tensor(np.asarray(advantages, dtype=np.float32)).reshape(-1)
+        if adv.shape[0] != n:
+            raise ValueError(f"{n} responses but {adv.shape[0]} advantages")
+        mask = data.batch["response_mask"].clone()
+        if loss_mask is not None:
+            keep = torch.as_tensor(np.asarray(loss_mask, dtype=bool)).reshape(-1)
+            if keep.shape[0] != n:
+                raise ValueError(f"{n} responses but {keep.shape[0]} loss_mask entries")
+            mask = mask * keep[:, None].to(mask.dtype)
+        upd = data.select(batch_keys=[k for k in data.batch.keys() if k != "response_mask"], deepcopy=False)
+        upd.batch["response_mask"] = mask
+        upd.batch["advantages"] = adv[:, None] * mask.float()  # outcome advantage on every valid token
+        upd.meta_info = {
+            "temperature": float(self.cfg.actor_rollout_ref.rollout.temperature),
+            "global_token_num": torch.sum(data.batch["attention_mask"], dim=-1).tolist(),
+        }
+        metrics: dict[str, float] = {}
+        if bool(self.cfg.trainer.balance_batch):
+            order, bal = balance_order(upd.batch["attention_mask"], int(self.workers.dp_size))
+            upd.reorder(torch.as_tensor(order))
+            metrics.update(bal)
+        t0 = time.perf_counter()
+        metrics.update(self.workers.update_actor(upd))
+        metrics["timing_s/update_actor"] = time.perf_counter() - t0
+        self.step += 1
+        t0 = time.perf_counter()
+        self.workers.sync_weights(self.step)
+        metrics["timing_s/update_weights"] = time.perf_counter() - t0
+        return metrics
+
+    # -- checkpoints -------------------------------------------------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.workers.save_checkpoint(os.path.join(directory, "actor"), self.step)
+        with open(os.path.join(directory, "verl_backend.txt"), "w") as f:
+            f.write(f"step {self.step}\nnext_gid {self._next_gid}\n")
+
+    def load_checkpoint(self, directory: str) -> None:
+        actor = os.path.join(directory, "actor")
+        if not os.path.isdir(actor):
+            raise FileNotFoundError(f"{directory}: no actor/ checkpoint written by the verl backend")
+        self.workers.load_checkpoint(actor)
+        state = os.path.join(directory, "verl_backend.txt")
+        if os.path.exists(state):
+            with open(state) as f:
+                kv = dict(line.split() for line in f if line.strip())
+            self.step = int(kv.get("step", self.step))
+            self._next_gid = int(kv.get("next_gid", self._next_gid))
+        self.workers.sync_weights(self.step)
+
+    def close(self) -> None:
+        self.workers.close()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The real GPU side: verl's worker groups on Ray (needs the cluster image: CUDA, vLLM)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class RayWorkers:
+    """:class:`VerlWorkers` over verl 0.9.1's Ray worker groups, built as ``RayPPOTrainer`` builds them.
+
+    Role mapping and resource pool come from verl's non-v1 ``main_ppo_v0.BaseTaskRunner`` (hybrid
+    ActorRollout[Ref] worker over ``trainer.nnodes x n_gpus_per_node`` GPUs; the fused reference policy only when
+    ``need_reference_policy``); ``RayPPOTrainer.init_workers`` then spawns the workers, the vLLM replicas, the
+    agent-loop rollout manager, verl's reward loop and the checkpoint engine. Our subclass skips verl's dataloaders
+    (the DAPO loop owns the data) but keeps their side effect: the optimizer's ``total_training_steps``.
+
+    Rollout replicas sleep while the actor computes log-probs / updates and wake (with fresh weights) before the next
+    generation, as in ``RayPPOTrainer.fit``.
+    """
+
+    def __init__(self, cfg: Any, total_training_steps: int):
+        from omegaconf import open_dict
+
+        from verl.trainer.main_ppo_v0 import BaseTaskRunner
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig
+
+        class _DapoRayTrainer(RayPPOTrainer):
+            def _create_dataloader(self, *args: Any, **kwargs: Any) -> None:
+                self.total_training_steps = total_training_steps
+                with open_dict(self.config):
+                    self.config.actor_rollout_ref.actor.optim.total_training_steps = total_training_steps
+
+        runner = BaseTaskRunner()
+        _, wg_cls = runner.add_actor_rollout_worker(cfg)
+        runner.add_reward_model_resource_pool(cfg)
+        pool = runner.init_resource_pool_mgr(cfg)
+        model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig)
+        self.tokenizer = model_config.tokenizer
+        self.trainer = _DapoRayTrainer(
+            config=cfg,
+            tokenizer=self.tokenizer,
+            processor=model_config.processor,
+            role_worker_mapping=runner.role_worker_mapping,
+            resource_pool_manager=pool,
+            ray_worker_group_cls=wg_cls,
+        )
+        self.trainer.init_workers()  # ends with the rollout replicas asleep
+        self.trainer.global_steps = 0
+        self._awake = False
+        self.dp_size = int(self.trainer._get_dp_size(self.trainer.actor_rollout_wg, "actor"))
+
+    def _wake(self, step: int) -> None:
+        if not self._awake:
+            self.trainer.checkpoint_manager.update_weights(step)
+            self._awake = True
+
+    def _sleep(self) -> None:
+        if self._awake:
+            self.trainer.checkpoint_manager.sleep_replicas()
+            self._awake = False
+
+    def generate_sequences(self, gen_batch: Any, validate: bool) -> Any:
+        from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+
+        self._wake(self.trainer.global_steps)
+        padded, pad = pad_dataproto_to_divisor(gen_batch, self.cfg_num_agent_workers)
+        out = self.trainer.async_rollout_manager.generate_sequences(padded)
+        return unpad_dataproto(out, pad_size=pad)
+
+    @property
+    def cfg_num_agent_workers(self) -> int:
+        return int(self.trainer.config.actor_rollout_ref.rollout.agent.num_workers)
+
+    def compute_log_prob(self, batch: Any) -> Any:
+        self._sleep()
+        out, _mfu = self.trainer._compute_old_log_prob(batch)
+        return out
+
+    def update_actor(self, batch: Any) -> dict[str, float]:
+        from verl.utils.metric import reduce_metrics
+
+        self._sleep()
+        out = self.trainer._update_actor(batch)
+        return {k: float(v) for k, v in reduce_metrics(out.meta_info["metrics"]).items()}
+
+    def sync_weights(self, step: int) -> None:
+        self.trainer.global_steps = step
+        self._sleep()
+        self._wake(step)
+
+    def save_checkpoint(self, directory: str, step: int) -> None:
+        self._sleep()
+        self.trainer.actor_rollout_wg.save_checkpoint(directory, None, step, max_ckpt_to_keep=None)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self._sleep()
+        self.trainer.actor_rollout_wg.load_checkpoint(directory, del_local_after_load=False)
+
+    def close(self) -> None:
+        self._sleep()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# `dapo train` entrypoint for placement.backend: verl
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def describe(preset: Preset, resolved: Any) -> str:
+    """The header printed above the resolved config: what verl runs and what our loop does on top."""
+    r = preset.recipe
+    fg = r.filter_groups
+    lines = [
+        f"# dapo train --preset {preset.name}: verl 0.9.1 configuration (resolved; validated by verl.utils.config."
+        "validate_config)",
+        f"# world: {preset.placement.nodes} nodes x {preset.placement.gpus_per_node} GPUs; the DAPO loop (dapo.loop) "
+        "drives verl's worker groups",
+        f"# dynamic sampling (dapo.loop, not verl's trainer): "
+        + (f"on, metric {fg.metric}, max_num_gen_batches {fg.max_num_gen_batches}, mode {fg.mode}, "
+           f"gen_batch_size {r.data.gen_batch_size or r.data.train_batch_size}" if fg.enable else "off"),
+        f"# policy loss: actor_rollout_ref.actor.policy_loss.loss_mode="
+        f"{resolved.cfg.actor_rollout_ref.actor.policy_loss.loss_mode} (token_mean_scope {r.actor.token_mean_scope})",
+    ]
+    lines += [f"# note: {n}" for n in resolved.notes]
+    return "\n".join(lines)
+
+
+def _read_rows(files: list[str], what: str) -> list[dict[str, Any]]:
+    from dapo.backends.local import _read_rows as read
+
+    return read(files, what)
+
+
+def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
+    """Resolve + validate verl's config (before Ray), print it; unless ``--dry-run``, train with the DAPO loop."""
+    from dapo import verl_config
+
+    if getattr(args, "run_dir", None):
+        raise ConfigError("--run-dir is for the local backend; on verl set recipe.trainer.default_local_dir=...")
+    resolved = verl_config.resolve(preset, verl_overrides)
+    print(describe(preset, resolved))
+    print(verl_config.to_yaml(resolved.cfg), flush=True)
+    if getattr(args, "dry_run", False):
+        return 0
+
+    import ray
+
+    from dapo.loop import DAPOLoop
+
+    cfg = resolved.cfg
+    env = verl_config.runtime_env(cfg)
+    os.environ.update({k: str(v) for k, v in env.get("env_vars", {}).items()})
+    if not ray.is_initialized():
+        ray.init(runtime_env=env, **{k: v for k, v in dict(cfg.ray_kwargs.ray_init).items() if k != "runtime_env"
+                                     and v is not None})
+    import dapo.backends.verl_loss  # noqa: F401  (the driver resolves loss names too)
+
+    train_rows = _read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
+    val_rows = _read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
+    total_steps = preset.recipe.trainer.total_training_steps or _steps_for(preset, len(train_rows))
+    workers = RayWorkers(cfg, total_steps)
+    backend = VerlBackend(cfg, preset, workers, workers.tokenizer)
+    run_dir = str(cfg.trainer.default_local_dir)
+    loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False))
+    try:
+        return int(loop.fit() or 0)
+    finally:
+        backend.close()
+
+
+def _steps_for(preset: Preset, n_rows: int) -> int:
+    """verl's count when total_training_steps is null: generation batches per epoch x epochs."""
+    d = preset.recipe.data
+    per_epoch = n_rows // (d.gen_batch_size or d.train_batch_size)
+    if per_epoch < 1:
+        raise ConfigError(f"recipe.data.train_files hold {n_rows} prompts, fewer than one generation batch")
+    return per_epoch * preset.recipe.trainer.total_epochs
