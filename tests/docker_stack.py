@@ -1,0 +1,300 @@
+"""Read the image definitions (docker/) the way the tests need them: constraints files, build-argument files, and the
+`pip install` / `apt-get install` commands of each Dockerfile with its build arguments substituted.
+
+Shared by tests/test_docker.py (offline checks) and tests/test_pins_metadata.py (registry metadata checks).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dockerfile_parse import DockerfileParser
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = ROOT / "docker"
+
+# Where each Dockerfile copies its constraints file to (COPY ${CONSTRAINTS} <this>); pip gets `-c <this>`.
+IMAGE_CONSTRAINTS_PATH = "/opt/dapo/constraints.txt"
+
+
+class StackError(ValueError):
+    """A docker/ file that does not follow the rules; the message names the file and line."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# constraints files
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str  # canonical name
+    version: str
+    line: int
+
+
+def read_constraints(path: Path) -> dict[str, Pin]:
+    """`name==version` lines (comments allowed) -> {canonical name: Pin}. Anything else is an error: a constraints
+    file that is the single list of versions must not hold ranges, URLs, extras or duplicates."""
+    pins: dict[str, Pin] = {}
+    for lineno, raw in enumerate(path.read_text().splitlines(), start=1):
+        text = raw.split("#", 1)[0].strip()
+        if not text:
+            continue
+        where = f"{path.relative_to(ROOT)}:{lineno}"
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as exc:
+            raise StackError(f"{where}: not a requirement: {text!r} ({exc})") from exc
+        if req.url or req.extras or req.marker:
+            raise StackError(f"{where}: {text!r}: constraints carry only name==version (no URL, extras, markers)")
+        specs = list(req.specifier)
+        if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
+            raise StackError(f"{where}: {text!r} is not an exact pin (name==version)")
+        name = canonicalize_name(req.name)
+        if name in pins:
+            raise StackError(f"{where}: {req.name} pinned twice (first on line {pins[name].line})")
+        pins[name] = Pin(name, specs[0].version, lineno)
+    return pins
+
+
+def read_args_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of a build-argument file (docker/build.sh --args), comments and blank lines skipped."""
+    args: dict[str, str] = {}
+    for lineno, raw in enumerate(path.read_text().splitlines(), start=1):
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        if "=" not in raw:
+            raise StackError(f"{path.relative_to(ROOT)}:{lineno}: {raw!r} is not KEY=VALUE")
+        key, value = raw.split("=", 1)
+        args[key.strip()] = value
+    return args
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Dockerfiles
+
+_VAR = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?P<op>:[-+])?(?P<word>[^{}]*(?:\{[^{}]*\}[^{}]*)*)\}"
+                  r"|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
+
+
+def expand(text: str, variables: dict[str, str], *, keep_unknown: bool = True) -> str:
+    """Substitute ${V}, $V, ${V:-word}, ${V:+word} (nested once) the way Docker and the shell do for build args."""
+
+    def sub(match: re.Match) -> str:
+        name = match.group("braced") or match.group("plain")
+        if name not in variables:
+            if match.group("op") == ":-":
+                return expand(match.group("word"), variables, keep_unknown=keep_unknown)
+            if match.group("op") == ":+":
+                return ""
+            return match.group(0) if keep_unknown else ""
+        value = variables[name]
+        if match.group("op") == ":-":
+            return value if value else expand(match.group("word"), variables, keep_unknown=keep_unknown)
+        if match.group("op") == ":+":
+            return expand(match.group("word"), variables, keep_unknown=keep_unknown) if value else ""
+        return value
+
+    previous = None
+    while previous != text:
+        previous, text = text, _VAR.sub(sub, text)
+    return text
+
+
+def _arg_default(value: str) -> tuple[str, str | None]:
+    if "=" not in value:
+        return value.strip(), None
+    key, default = value.split("=", 1)
+    default = default.strip()
+    if len(default) >= 2 and default[0] == default[-1] and default[0] in "'\"":
+        default = default[1:-1]
+    return key.strip(), default
+
+
+@dataclass
+class Instruction:
+    stage: str
+    kind: str  # RUN, COPY, FROM, LABEL, USER, ...
+    raw: str  # the instruction's value as written
+    value: str  # with build arguments substituted
+    line: int  # 1-based
+
+
+@dataclass
+class Dockerfile:
+    path: Path
+    build_args: dict[str, str] = field(default_factory=dict)
+    instructions: list[Instruction] = field(default_factory=list)
+    stages: list[str] = field(default_factory=list)  # stage names in order ("" for unnamed)
+    base_images: dict[str, str] = field(default_factory=dict)  # stage -> base (image reference or earlier stage)
+    arg_values: dict[str, dict[str, str]] = field(default_factory=dict)  # stage -> effective ARG values
+    global_args: dict[str, str] = field(default_factory=dict)  # ARGs before the first FROM
+
+    @property
+    def final_stage(self) -> str:
+        return self.stages[-1]
+
+    def where(self, ins: Instruction) -> str:
+        return f"{self.path.relative_to(ROOT)}:{ins.line}"
+
+
+def parse_dockerfile(path: Path, build_args: dict[str, str] | None = None) -> Dockerfile:
+    """Parse with dockerfile-parse, then apply Docker's ARG scoping: global ARGs (before the first FROM) are visible
+    in FROM lines; inside a stage an ARG must be (re)declared, and takes the build argument if given, else its
+    default (a bare redeclaration inherits the global default)."""
+    build_args = dict(build_args or {})
+    parser = DockerfileParser(fileobj=io.BytesIO(path.read_bytes()), env_replace=False)
+    df = Dockerfile(path=path, build_args=build_args)
+    global_args = df.global_args
+    stage = None
+    scope: dict[str, str] = {}
+    for item in parser.structure:
+        kind, raw, line = item["instruction"], item["value"], item["startline"] + 1
+        if kind == "COMMENT":
+            continue
+        if kind == "ARG":
+            key, default = _arg_default(raw)
+            if stage is None:
+                value = build_args.get(key, expand(default or "", global_args))
+                global_args[key] = value
+            else:
+                value = build_args.get(key, expand(default, scope) if default is not None else global_args.get(key, ""))
+                scope[key] = value
+            continue
+        if kind == "FROM":
+            value = expand(raw, global_args)
+            parts = value.split()
+            image = parts[0]
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else f"stage{len(df.stages)}"
+            stage = name
+            df.stages.append(name)
+            df.base_images[name] = image
+            scope = {}
+            df.instructions.append(Instruction(name, kind, raw, value, line))
+            df.arg_values[name] = scope
+            continue
+        if stage is None:
+            raise StackError(f"{path.relative_to(ROOT)}:{line}: {kind} before the first FROM")
+        df.instructions.append(Instruction(stage, kind, raw, expand(raw, scope), line))
+    return df
+
+
+# --------------------------------------------------------------------------------------------------------------
+# shell commands inside RUN
+
+_SEPARATORS = {"&&", "||", ";", "|", "&", "then", "do", "else", "fi", "done"}
+_PIP_OPTS_WITH_VALUE = {
+    "-c", "--constraint", "-r", "--requirement", "-f", "--find-links", "-w", "--wheel-dir", "--only-binary",
+    "--no-binary", "--target", "-t", "-i", "--index-url", "--extra-index-url", "--platform", "--python-version",
+    "--report", "--prefix", "--root", "-e", "--editable",
+}
+
+
+def run_commands(ins: Instruction) -> list[list[str]]:
+    """The simple commands of a RUN instruction as word lists: split like the shell on && || ; | & (quotes respected,
+    so `FLASH_ATTN_CUDA_ARCHS="80;90"` stays one word) and on the keywords then/do/else; mount flags dropped."""
+    text = re.sub(r"^(--[a-z]+=\S+\s+)+", "", ins.value.strip())
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError as exc:
+        raise StackError(f"line {ins.line}: cannot split {text!r}: {exc}") from exc
+    commands, current = [], []
+    for tok in tokens:
+        if tok in _SEPARATORS:
+            if current:
+                commands.append(current)
+            current = []
+        else:
+            current.append(tok)
+    if current:
+        commands.append(current)
+    return commands
+
+
+@dataclass
+class PipInstall:
+    where: str
+    stage: str
+    subcommand: str  # install | wheel
+    constraints: list[str]  # the -c arguments
+    requirements: list[str]  # requirement tokens (names or local paths)
+    options: list[str]
+
+
+def pip_commands(df: Dockerfile) -> list[PipInstall]:
+    found = []
+    for ins in df.instructions:
+        if ins.kind != "RUN":
+            continue
+        for words in run_commands(ins):
+            # `pip install`, `python -m pip install`, `/opt/venv/bin/python -m pip wheel` ...
+            for i, word in enumerate(words):
+                if (word == "pip" or word.endswith("/pip")) and i + 1 < len(words) and words[i + 1] in ("install", "wheel"):
+                    rest, sub = words[i + 2:], words[i + 1]
+                    break
+                if word == "-m" and i + 2 < len(words) and words[i + 1] == "pip" and words[i + 2] in ("install", "wheel"):
+                    rest, sub = words[i + 3:], words[i + 2]
+                    break
+            else:
+                continue
+            constraints, requirements, options = [], [], []
+            j = 0
+            while j < len(rest):
+                tok = rest[j]
+                if tok.startswith("-"):
+                    key = tok.split("=", 1)[0]
+                    if key in _PIP_OPTS_WITH_VALUE and "=" not in tok:
+                        value = rest[j + 1] if j + 1 < len(rest) else ""
+                        j += 1
+                    else:
+                        value = tok.split("=", 1)[1] if "=" in tok else ""
+                    if key in ("-c", "--constraint"):
+                        constraints.append(value)
+                    options.append(key)
+                else:
+                    requirements.append(tok)
+                j += 1
+            found.append(PipInstall(df.where(ins), ins.stage, sub, constraints, requirements, options))
+    return found
+
+
+def is_local_artifact(token: str) -> bool:
+    """A wheel or source tree produced inside the build (builder stage) rather than a registry requirement."""
+    return token.startswith(("/", ".", "$(ls /wheels/"))
+
+
+def constraints_source(df: Dockerfile, stage: str, image_path: str) -> Path:
+    """The build-context file a stage COPYs to `image_path` (the file pip receives with -c)."""
+    for ins in df.instructions:
+        if ins.stage == stage and ins.kind == "COPY":
+            parts = ins.value.split()
+            if parts and parts[-1] == image_path and len(parts) == 2:
+                return ROOT / parts[0]
+    raise StackError(f"{df.path.relative_to(ROOT)}: stage {stage!r} passes -c {image_path} but never COPYs a file there")
+
+
+def apt_installs(df: Dockerfile) -> list[tuple[Instruction, list[str], list[str]]]:
+    """(instruction, packages, options) of every `apt-get install` / `apt install`."""
+    found = []
+    for ins in df.instructions:
+        if ins.kind != "RUN":
+            continue
+        for words in run_commands(ins):
+            for i, word in enumerate(words):
+                if word in ("apt-get", "apt") and i + 1 < len(words) and words[i + 1] == "install":
+                    rest = words[i + 2:]
+                    found.append((ins, [w for w in rest if not w.startswith("-")], [w for w in rest if w.startswith("-")]))
+                    break
+    return found
+
+
+def requirement_of(token: str) -> Requirement:
+    return Requirement(token)

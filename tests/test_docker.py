@@ -1,0 +1,501 @@
+"""Offline checks of the container images (docker/): every install pinned, base images pinned, no `curl | sh`, a
+non-root user, OCI labels, and the pins agreeing with pyproject.toml, the Helm chart and the Makefile.
+
+Nothing here builds an image (no Docker engine needed); tests/test_pins_metadata.py checks the pins against the
+packages' own metadata on the registry.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from docker_stack import (
+    DOCKER,
+    IMAGE_CONSTRAINTS_PATH,
+    ROOT,
+    StackError,
+    apt_installs,
+    constraints_source,
+    is_local_artifact,
+    parse_dockerfile,
+    pip_commands,
+    read_args_file,
+    read_constraints,
+)
+
+TRAIN = DOCKER / "Dockerfile"
+EVAL = DOCKER / "Dockerfile.eval"
+REPRO_ARGS = DOCKER / "repro.args"
+VALUES = ROOT / "charts" / "dapo" / "values.yaml"
+REFERENCE_VERL_COMMIT = "4f80e465c2ec79ab9c3c30ec74b9745de61d0490"
+
+# (Dockerfile, build arguments, constraints file, Python the stack runs on)
+STACKS = {
+    "train": (TRAIN, {}, DOCKER / "constraints.txt"),
+    "train-repro": (TRAIN, None, DOCKER / "constraints-repro.txt"),  # build args from docker/repro.args
+    "eval": (EVAL, {}, DOCKER / "constraints-eval.txt"),
+}
+
+# apt policy: packages of the base image's own Ubuntu release are NOT version-pinned. Ubuntu's archive keeps only
+# the current version of a package in -updates/-security, so `pkg=version` pins break the build at the next
+# security update; their versions are fixed by the pinned base image tag and recorded in /opt/dapo/dpkg.txt of each
+# image. Only these names may be installed that way; anything else needs `pkg=version`.
+APT_UNPINNED_BY_POLICY = {"ca-certificates", "git", "wget"}
+APT_PYTHON = re.compile(r"^python3\.\d+(-dev|-venv)?$")
+
+
+def stack_args(stack: str) -> dict[str, str]:
+    path, args, _ = STACKS[stack]
+    return read_args_file(REPRO_ARGS) if args is None else args
+
+
+def stack_dockerfile(stack: str):
+    return parse_dockerfile(STACKS[stack][0], stack_args(stack))
+
+
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def makefile_var(name: str) -> str:
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        m = re.match(rf"^{name}\s*\?=\s*(.*)$", line)
+        if m:
+            return m.group(1).strip()
+    raise AssertionError(f"Makefile: no `{name} ?= ...` line (the image targets define it)")
+
+
+def default_image_tag() -> str:
+    # IMAGE_TAG ?= $(if $(filter repro,$(IMAGE_STACK)),<repro tag>,<current tag>)
+    value = makefile_var("IMAGE_TAG")
+    m = re.fullmatch(r"\$\(if \$\(filter repro,\$\(IMAGE_STACK\)\),([^,]+),([^)]+)\)", value)
+    assert m, f"Makefile: IMAGE_TAG ?= {value!r} is not the expected repro/current choice"
+    return m.group(2)
+
+
+def repro_image_tag() -> str:
+    value = makefile_var("IMAGE_TAG")
+    return re.fullmatch(r"\$\(if \$\(filter repro,\$\(IMAGE_STACK\)\),([^,]+),([^)]+)\)", value).group(1)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# every install pinned
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_every_pip_install_names_only_pinned_packages(stack):
+    df = stack_dockerfile(stack)
+    commands = pip_commands(df)
+    assert commands, f"{df.path}: no pip install found (parser out of date?)"
+    for cmd in commands:
+        assert cmd.requirements, f"{cmd.where}: pip {cmd.subcommand} without requirements"
+        assert "-r" not in cmd.options and "--requirement" not in cmd.options, (
+            f"{cmd.where}: requirement files bypass the single constraints file; name packages instead")
+        assert not {"-i", "--index-url", "--extra-index-url", "-e", "--editable"} & set(cmd.options), (
+            f"{cmd.where}: extra indexes / editable installs are not allowed in images")
+        pins = {}
+        for c in cmd.constraints:
+            assert c == IMAGE_CONSTRAINTS_PATH, f"{cmd.where}: -c {c}: expected -c {IMAGE_CONSTRAINTS_PATH}"
+            source = constraints_source(df, cmd.stage, c)
+            assert source == STACKS[stack][2], f"{cmd.where}: stage {cmd.stage} copies {source}, expected {STACKS[stack][2]}"
+            pins.update(read_constraints(source))
+        for token in cmd.requirements:
+            if is_local_artifact(token):
+                # our wheel, or a wheel/source tree built in the builder stage from pinned inputs
+                assert token == "." or "/wheels/" in token or token.startswith("/src/"), f"{cmd.where}: unexpected path {token}"
+                continue
+            req = Requirement(token)
+            exact = [s for s in req.specifier if s.operator == "=="]
+            name = canonicalize_name(req.name)
+            assert exact or name in pins, (
+                f"{cmd.where}: `{token}` is neither pinned inline nor in {STACKS[stack][2].relative_to(ROOT)} "
+                f"(pip -c {' '.join(cmd.constraints) or 'missing'})")
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_every_apt_install_is_pinned_or_covered_by_the_documented_policy(stack):
+    df = stack_dockerfile(stack)
+    installs = apt_installs(df)
+    assert installs, f"{df.path}: no apt-get install found (parser out of date?)"
+    for ins, packages, options in installs:
+        assert "--no-install-recommends" in options, f"{df.where(ins)}: apt-get install without --no-install-recommends"
+        assert "rm -rf /var/lib/apt/lists/*" in ins.value, f"{df.where(ins)}: apt lists not removed in the same layer"
+        for pkg in packages:
+            if "=" in pkg:
+                name, version = pkg.split("=", 1)
+                assert name and version, f"{df.where(ins)}: malformed apt pin {pkg}"
+                continue
+            assert pkg in APT_UNPINNED_BY_POLICY or APT_PYTHON.match(pkg), (
+                f"{df.where(ins)}: apt package {pkg!r} is neither pinned (pkg=version) nor in the documented policy "
+                f"set {sorted(APT_UNPINNED_BY_POLICY)} + the distribution's python3.X packages")
+
+
+def test_apt_policy_is_documented_where_users_read_it():
+    doc = (ROOT / "docs" / "images.md").read_text()
+    assert "apt" in doc and all(pkg in doc for pkg in APT_UNPINNED_BY_POLICY), (
+        "docs/images.md must state the apt pinning policy and name the unpinned packages")
+
+
+@pytest.mark.parametrize("path", [TRAIN, EVAL, DOCKER / "build.sh"])
+def test_no_download_is_piped_into_a_shell(path):
+    text = path.read_text()
+    joined = re.sub(r"\\\n", " ", text)
+    piped = re.findall(r"(?:curl|wget)[^\n|;&]*\|\s*(?:sudo\s+)?(?:ba|z|da)?sh\b|(?:curl|wget)[^\n|;&]*\|\s*python", joined)
+    assert not piped, f"{path}: downloads piped into an interpreter: {piped}"
+    assert not re.search(r"^\s*ADD\s+https?://", text, re.M), f"{path}: ADD of a remote URL (unverified download)"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# base images, user, labels
+
+_PINNED_IMAGE = re.compile(
+    r"^(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@sha256:(?P<digest>[0-9a-f]{64}))?$")
+
+
+def assert_pinned_image(ref: str, where: str) -> None:
+    m = _PINNED_IMAGE.match(ref)
+    assert m, f"{where}: {ref!r} is not an image reference"
+    assert m.group("tag") or m.group("digest"), f"{where}: {ref} has neither tag nor digest"
+    tag = m.group("tag") or ""
+    assert tag != "latest" and "latest" not in tag.split("-"), f"{where}: {ref} uses a moving `latest` tag"
+    if not m.group("digest"):
+        # without a digest the tag must at least name an exact release (x.y.z), not a moving major/minor tag
+        assert re.search(r"\d+\.\d+\.\d+", tag), f"{where}: {ref}: tag {tag!r} is not an exact version"
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_base_images_are_pinned_to_exact_tags(stack):
+    df = stack_dockerfile(stack)
+    for name, base in df.base_images.items():
+        if base in df.stages:
+            continue
+        assert "$" not in base, f"{df.path}: stage {name}: unresolved base image {base}"
+        assert_pinned_image(base, f"{df.path.relative_to(ROOT)} stage {name}")
+
+
+def test_builder_and_runtime_share_the_cuda_release_of_their_stack():
+    # the runtime runs what the builder compiled (flash-attn against the base image's nvcc): same CUDA release
+    for stack in ("train", "train-repro", "eval"):
+        df = stack_dockerfile(stack)
+        images = {b for s, b in df.base_images.items() if b not in df.stages}
+        cuda = {re.search(r"cuda:(\d+\.\d+)", b).group(1) for b in images}
+        assert len(cuda) == 1, f"{stack}: stages use different CUDA releases {sorted(images)}"
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_runtime_stage_runs_as_numeric_non_root_user(stack):
+    df = stack_dockerfile(stack)
+    users = [ins for ins in df.instructions if ins.stage == df.final_stage and ins.kind == "USER"]
+    assert users, f"{df.path}: the runtime stage never sets USER (it would run as root)"
+    user = users[-1].value.split(":")[0]
+    # numeric, so Kubernetes can verify runAsNonRoot without reading /etc/passwd
+    assert user.isdigit() and int(user) != 0, f"{df.where(users[-1])}: USER {users[-1].value} must be a numeric non-root uid"
+    created = [ins for ins in df.instructions if ins.stage == df.final_stage and ins.kind == "RUN" and "useradd" in ins.value]
+    assert created and f"--uid {user}" in created[0].value, f"{df.path}: uid {user} is not created in the runtime stage"
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_runtime_stage_carries_oci_labels_source_version_revision(stack):
+    df = stack_dockerfile(stack)
+    labels = " ".join(ins.raw for ins in df.instructions if ins.stage == df.final_stage and ins.kind == "LABEL")
+    for key in ("source", "version", "revision"):
+        assert f"org.opencontainers.image.{key}=" in labels, f"{df.path}: no org.opencontainers.image.{key} label"
+    args = df.arg_values[df.final_stage]
+    assert args.get("VERSION") == pyproject()["project"]["version"], (
+        f"{df.path}: ARG VERSION default {args.get('VERSION')!r} != pyproject version")
+
+
+def test_runtime_stage_has_no_build_toolchain_it_does_not_need():
+    # git and the flash-attn build stay in the builder; the runtime only receives wheels through a bind mount
+    for stack in ("train", "train-repro", "eval"):
+        df = stack_dockerfile(stack)
+        runtime_apt = [p for ins, pkgs, _ in apt_installs(df) if ins.stage == df.final_stage for p in pkgs]
+        assert "git" not in runtime_apt and not any(p.startswith(("cmake", "build-essential")) for p in runtime_apt), (
+            f"{stack}: runtime installs build tools {runtime_apt}")
+        runtime_wheel_builds = [c for c in pip_commands(df) if c.stage == df.final_stage and c.subcommand == "wheel"]
+        assert not runtime_wheel_builds, f"{stack}: the runtime stage compiles wheels: {runtime_wheel_builds[0].where}"
+        copies = [ins.value for ins in df.instructions if ins.stage == df.final_stage and ins.kind == "COPY"]
+        assert not any("--from=builder" in c for c in copies), f"{stack}: runtime COPYs from the builder (use bind mounts)"
+
+
+def test_builder_compiles_exactly_the_sdist_only_packages_with_nvcc_env():
+    df = stack_dockerfile("train")
+    wheel_builds = [c for c in pip_commands(df) if c.subcommand == "wheel" and "--no-binary" in c.options]
+    assert len(wheel_builds) == 1 and wheel_builds[0].requirements == ["flash-attn"], wheel_builds
+    run = next(ins for ins in df.instructions if ins.kind == "RUN" and "--no-binary" in ins.value)
+    assert "FLASH_ATTENTION_FORCE_BUILD=TRUE" in run.value, "flash-attn must compile here, not fetch a prebuilt wheel"
+    assert re.search(r"FLASH_ATTN_CUDA_ARCHS=\"?80;90", run.value), run.value
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the pins agree with pyproject.toml, the Makefile and the chart
+
+
+def test_constraints_files_hold_only_exact_unique_pins():
+    for path in sorted(DOCKER.glob("constraints*.txt")):
+        pins = read_constraints(path)
+        assert len(pins) >= 10, f"{path}: suspiciously few pins ({len(pins)})"
+
+
+def test_constraints_reader_rejects_ranges_duplicates_and_urls(tmp_path, monkeypatch):
+    import docker_stack
+
+    monkeypatch.setattr(docker_stack, "ROOT", tmp_path)
+    for text, fragment in [("torch>=2.6\n", "exact pin"), ("a==1\nA==2\n", "pinned twice"),
+                           ("x @ https://h/x.whl\n", "no URL"), ("ray[default]==2.60.0\n", "no URL, extras")]:
+        path = tmp_path / "c.txt"
+        path.write_text(text)
+        with pytest.raises(StackError, match=re.escape(fragment)):
+            read_constraints(path)
+
+
+def test_training_verl_pin_matches_pyproject_verl_extra():
+    pins = read_constraints(DOCKER / "constraints.txt")
+    extra = [Requirement(r) for r in pyproject()["project"]["optional-dependencies"]["verl"]]
+    verl = [r for r in extra if canonicalize_name(r.name) == "verl"]
+    assert verl, "pyproject.toml: the `verl` extra no longer names verl"
+    assert verl[0].specifier.contains(pins["verl"].version), (
+        f"docker/constraints.txt pins verl=={pins['verl'].version}, pyproject's `verl` extra says {verl[0]}")
+    assert str(verl[0].specifier) == f"=={pins['verl'].version}", "the `verl` extra must pin the same exact verl"
+
+
+@pytest.mark.parametrize("stack,extras", [("train", {"verl"}), ("eval", {"eval"}), ("train-repro", set())])
+def test_our_package_dependencies_are_pinned_and_satisfied_in_each_image(stack, extras):
+    project = pyproject()["project"]
+    pins = read_constraints(STACKS[stack][2])
+    deps = [Requirement(r) for r in project["dependencies"]]
+    for extra in extras:
+        deps += [Requirement(r) for r in project["optional-dependencies"][extra]]
+    for req in deps:
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{STACKS[stack][2].name}: our dependency {req} is not pinned"
+        assert req.specifier.contains(pins[name].version, prereleases=True), (
+            f"{STACKS[stack][2].name}: {name}=={pins[name].version} violates pyproject's {req}")
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_stack_python_satisfies_pyproject_requires_python(stack):
+    df = stack_dockerfile(stack)
+    python = df.arg_values[df.final_stage]["PYTHON_VERSION"]
+    spec = SpecifierSet(pyproject()["project"]["requires-python"])
+    assert spec.contains(f"{python}.0"), f"{stack}: Python {python} outside requires-python {spec}"
+    base = df.base_images[df.final_stage]
+    distro_python = {"ubuntu24.04": "3.12", "ubuntu22.04": "3.10"}
+    distro = re.search(r"ubuntu\d+\.\d+", base).group(0)
+    assert distro_python[distro] == python, f"{stack}: {base} ships Python {distro_python[distro]}, not {python}"
+
+
+def test_eval_and_training_images_run_the_same_ray():
+    train, evaluation = read_constraints(DOCKER / "constraints.txt"), read_constraints(DOCKER / "constraints-eval.txt")
+    assert train["ray"].version == evaluation["ray"].version, "both images join KubeRay clusters of one rayVersion"
+
+
+def test_image_tags_derive_from_the_pins_and_are_never_latest():
+    version = pyproject()["project"]["version"]
+    verl = read_constraints(DOCKER / "constraints.txt")["verl"].version
+    ray = read_constraints(DOCKER / "constraints-eval.txt")["ray"].version
+    assert makefile_var("IMAGE") == "ghcr.io/dapo-k8s/dapo"
+    assert default_image_tag() == f"{version}-verl{verl}"
+    assert makefile_var("EVAL_IMAGE") == "ghcr.io/dapo-k8s/dapo-eval"
+    assert makefile_var("EVAL_IMAGE_TAG") == f"{version}-ray{ray}"
+    assert repro_image_tag() == f"{version}-repro-verl{REFERENCE_VERL_COMMIT[:7]}"
+    for path in [ROOT / "Makefile", TRAIN, EVAL, ROOT / ".github" / "workflows" / "image.yml", ROOT / "docs" / "images.md"]:
+        text = path.read_text()
+        assert not re.search(r"[\w/.-]+:latest\b", text), f"{path}: refers to a `latest` tag"
+
+
+def _find(tree, key, path=()):
+    """Yield (path, value) for every mapping entry named `key` anywhere in a YAML tree."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            if k == key:
+                yield path + (k,), v
+            yield from _find(v, key, path + (k,))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _find(v, key, path + (i,))
+
+
+def _images(tree, path=()):
+    if isinstance(tree, dict):
+        if "repository" in tree and "tag" in tree:
+            yield path, str(tree["repository"]), str(tree["tag"])
+        for k, v in tree.items():
+            yield from _images(v, path + (k,))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _images(v, path + (i,))
+
+
+def chart_values() -> dict:
+    assert VALUES.exists(), (
+        f"{VALUES.relative_to(ROOT)} does not exist: the chart must declare rayVersion and the default image so the "
+        "images and the chart can be checked against each other")
+    return yaml.safe_load(VALUES.read_text())
+
+
+def test_chart_ray_version_equals_the_images_ray_pin():
+    values = chart_values()
+    found = list(_find(values, "rayVersion"))
+    assert found, f"{VALUES.relative_to(ROOT)}: no rayVersion key"
+    ray = read_constraints(DOCKER / "constraints.txt")["ray"].version
+    for path, value in found:
+        assert str(value) == ray, f"values.yaml {'.'.join(map(str, path))}={value!r}, images run ray=={ray}"
+
+
+def test_chart_default_image_is_the_training_image_tag():
+    images = list(_images(chart_values()))
+    repo, tag = makefile_var("IMAGE"), default_image_tag()
+    train = [(p, t) for p, r, t in images if r == repo]
+    assert train, f"{VALUES.relative_to(ROOT)}: no image with repository {repo} (found {[(r, t) for _, r, t in images]})"
+    for path, t in train:
+        assert t == tag, f"values.yaml {'.'.join(map(str, path))}.tag={t!r}, `make image` builds {repo}:{tag}"
+    for path, r, t in images:
+        if r == makefile_var("EVAL_IMAGE"):
+            assert t == makefile_var("EVAL_IMAGE_TAG"), f"values.yaml {'.'.join(map(str, path))}.tag={t!r}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the reproduction stack
+
+
+def test_repro_args_select_the_reference_stack():
+    args = read_args_file(REPRO_ARGS)
+    assert args["VERL_COMMIT"] == REFERENCE_VERL_COMMIT
+    assert re.search(r"cuda:12\.6\.\d+-devel-ubuntu22\.04$", args["BASE_IMAGE"]), args["BASE_IMAGE"]
+    assert args["PYTHON_VERSION"] == "3.10"
+    pins = read_constraints(ROOT / args["CONSTRAINTS"])
+    assert (pins["vllm"].version, pins["torch"].version) == ("0.8.3", "2.6.0")
+    assert "verl" not in pins, "verl comes from VERL_COMMIT in this stack, not from PyPI"
+    assert args["DAPO_EXTRAS"] == "", "our `verl` extra pins verl 0.9.1, which this stack replaces"
+    df = parse_dockerfile(TRAIN)
+    declared = set(df.global_args).union(*(df.arg_values[stage] for stage in df.stages))
+    unknown = set(args) - declared
+    assert not unknown, f"docker/repro.args sets build arguments the Dockerfile does not declare: {sorted(unknown)}"
+
+
+def test_repro_stack_installs_verl_from_the_commit_and_keeps_its_recipe_tree():
+    df = stack_dockerfile("train-repro")
+    runtime_pip = [c for c in pip_commands(df) if c.stage == df.final_stage and any("/wheels/verl-" in t for t in c.requirements)]
+    assert runtime_pip, "the reproduction stack must install the verl wheel built from VERL_COMMIT"
+    builder = " ".join(ins.value for ins in df.instructions if ins.stage == "builder" and ins.kind == "RUN")
+    assert f'test "$(git rev-parse HEAD)" = "{REFERENCE_VERL_COMMIT}"' in builder, "the checkout must be verified"
+    runtime = " ".join(ins.value for ins in df.instructions if ins.stage == df.final_stage and ins.kind == "RUN")
+    assert "cp -a /src/verl /opt/verl" in runtime
+    current = stack_dockerfile("train")
+    assert not any("/wheels/verl-" in t for c in pip_commands(current) for t in c.requirements)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# build context and build script
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pat = pattern[1:] if negate else pattern
+        hit = fnmatch.fnmatch(path, pat) or fnmatch.fnmatch(path, pat.replace("**/", "")) or any(
+            fnmatch.fnmatch("/".join(path.split("/")[:i]), pat) for i in range(1, path.count("/") + 1))
+        if hit:
+            ignored = not negate
+    return ignored
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_build_context_keeps_every_file_the_dockerfile_copies(stack):
+    df = stack_dockerfile(stack)
+    ignore = Path(str(df.path) + ".dockerignore")
+    patterns = [ln.strip() for ln in ignore.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert _ignored(".venv/bin/python", patterns), f"{ignore}: the venv would be sent to the builder"
+    for ins in df.instructions:
+        if ins.kind != "COPY" or "--from" in ins.value:
+            continue
+        for source in ins.value.split()[:-1]:
+            assert (ROOT / source).exists(), f"{df.where(ins)}: COPY source {source} missing"
+            files = [source] if (ROOT / source).is_file() else [
+                str(p.relative_to(ROOT)) for p in (ROOT / source).rglob("*.py")]
+            for f in files:
+                assert not _ignored(f, patterns), f"{ignore} excludes {f}, which {df.where(ins)} copies"
+
+
+@pytest.fixture
+def fake_docker(tmp_path):
+    """A `docker` on PATH that records its argv, one per line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "argv"
+    script = bin_dir / "docker"
+    script.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > {log}\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return env, log
+
+
+def test_build_script_passes_each_args_line_as_one_build_arg(fake_docker):
+    env, log = fake_docker
+    tag = "ghcr.io/dapo-k8s/dapo:0.1.0-repro-verl4f80e46"
+    subprocess.run([str(DOCKER / "build.sh"), "--file", "docker/Dockerfile", "--tag", tag, "--args", "docker/repro.args",
+                    "--push"], env=env, check=True, capture_output=True, cwd=ROOT)
+    argv = log.read_text().splitlines()
+    assert argv[:2] == ["buildx", "build"] and "--push" in argv and argv[argv.index("--tag") + 1] == tag
+    passed = [argv[i + 1] for i, a in enumerate(argv) if a == "--build-arg"]
+    for key, value in read_args_file(REPRO_ARGS).items():
+        assert f"{key}={value}" in passed, f"{key}={value} not passed intact (values with spaces must stay one arg)"
+    assert f"VERSION={pyproject()['project']['version']}" in passed
+    assert any(p.startswith("REVISION=") and p != "REVISION=" for p in passed)
+
+
+@pytest.mark.parametrize("tag", ["ghcr.io/dapo-k8s/dapo:latest", "ghcr.io/dapo-k8s/dapo"])
+def test_build_script_refuses_latest_or_missing_tags(fake_docker, tag):
+    env, log = fake_docker
+    proc = subprocess.run([str(DOCKER / "build.sh"), "--file", "docker/Dockerfile", "--tag", tag],
+                          env=env, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and not log.exists(), proc.stderr
+    assert "tag" in proc.stderr
+
+
+def test_make_image_targets_call_the_build_script_with_the_pinned_tags(fake_docker):
+    env, log = fake_docker
+    for target, expected in [("image", f"{makefile_var('IMAGE')}:{default_image_tag()}"),
+                             ("image-eval", f"{makefile_var('EVAL_IMAGE')}:{makefile_var('EVAL_IMAGE_TAG')}")]:
+        out = subprocess.run(["make", "-n", target], env=env, capture_output=True, text=True, cwd=ROOT, check=True).stdout
+        assert "docker/build.sh" in out and f"--tag {expected}" in out, out
+    out = subprocess.run(["make", "-n", "image", "IMAGE_STACK=repro", "IMAGE_PUSH=1"], env=env, capture_output=True,
+                         text=True, cwd=ROOT, check=True).stdout
+    assert f"--tag {makefile_var('IMAGE')}:{repro_image_tag()}" in out and "--args docker/repro.args" in out
+    assert "--push" in out
+
+
+def test_ci_workflow_builds_both_images_and_says_it_does_not_run_here():
+    path = ROOT / ".github" / "workflows" / "image.yml"
+    text = path.read_text()
+    assert "not run" in text.lower(), f"{path}: must say plainly that it is not run by this repository's CI"
+    workflow = yaml.safe_load(text)
+    steps = [s for job in workflow["jobs"].values() for s in job["steps"]]
+    runs = " ".join(s.get("run", "") for s in steps)
+    targets = {entry["target"] for job in workflow["jobs"].values()
+               for entry in job.get("strategy", {}).get("matrix", {}).get("include", [])}
+    assert {"image", "image-eval"} <= targets and "make ${{ matrix.target }}" in runs, (targets, runs)
+    assert "IMAGE_PUSH=1" in runs
+    for step in steps:
+        if "uses" in step:
+            assert re.search(r"@(v\d+(\.\d+)*|[0-9a-f]{40})$", step["uses"]), f"{path}: unpinned action {step['uses']}"
