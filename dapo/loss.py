@@ -67,7 +67,11 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = N
 def _check_count(name: str, value: Optional[Count]) -> None:
     if value is None:
         return
-    v = float(value.detach().item()) if isinstance(value, torch.Tensor) else float(value)
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            return  # reading an accelerator tensor would force a device sync on every micro-batch
+        value = value.detach().item()
+    v = float(value)
     if not v > 0:
         raise ValueError(f"{name} must be > 0 (a count over the whole mini-batch), got {v}")
 
