@@ -188,7 +188,7 @@ def test_empty_mask_gives_zero_loss_not_nan():
     log_prob, old, adv, mask = random_batch(0)
     for mode in LOSS_AGG_MODES:
         loss, metrics = policy_loss(log_prob, old, adv, torch.zeros_like(mask), loss_agg_mode=mode)
-        assert float(loss) == 0.0 and all(float(v) == 0.0 for v in metrics.values())
+        assert float(loss.detach()) == 0.0 and all(float(v) == 0.0 for v in metrics.values())
 
 
 def test_overlong_filter_mask_zeroes_truncated_responses_only_when_enabled():

@@ -229,3 +229,23 @@ def test_add_rejects_bad_batches_with_the_offending_group():
     s.add(["b", "b", "c", "c", "d", "d"], [1, 0, 1, 0, 0, 1])
     with pytest.raises(RuntimeError, match="already full"):
         s.add(["e", "e"], [1, 0])
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["recipe.rollout.n=1"], "recipe.filter_groups.enable"),
+        (["recipe.filter_groups.enable=false"], "recipe.data.gen_batch_size"),  # tiny: gen 24 != train 16
+    ],
+)
+def test_preset_rules_for_dynamic_sampling_name_the_key(overrides, key):
+    from dapo.config import ConfigError, load_preset
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_preset("tiny", overrides)
+    # the sampler a loop builds from a valid preset
+    r = load_preset("tiny").recipe
+    sampler = DynamicSampler(r.data.train_batch_size, r.rollout.n, enable=r.filter_groups.enable,
+                             metric=r.filter_groups.metric, max_num_gen_batches=r.filter_groups.max_num_gen_batches,
+                             mode=r.filter_groups.mode, gen_batch_size=r.data.gen_batch_size)  # fmt: skip
+    assert sampler.suggested_gen_batch_size() == r.data.gen_batch_size
