@@ -235,16 +235,16 @@ def test_add_rejects_bad_batches_with_the_offending_group():
     "overrides, key",
     [
         (["recipe.rollout.n=1"], "recipe.filter_groups.enable"),
-        (["recipe.filter_groups.enable=false"], "recipe.data.gen_batch_size"),  # tiny: gen 24 != train 16
+        (["recipe.filter_groups.enable=false"], "recipe.data.gen_batch_size"),  # smoke: gen 96 != train 32
     ],
 )
 def test_preset_rules_for_dynamic_sampling_name_the_key(overrides, key):
     from dapo.config import ConfigError, load_preset
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        load_preset("tiny", overrides)
+        load_preset("smoke", overrides)
     # the sampler a loop builds from a valid preset
-    r = load_preset("tiny").recipe
+    r = load_preset("smoke").recipe
     sampler = DynamicSampler(r.data.train_batch_size, r.rollout.n, enable=r.filter_groups.enable,
                              metric=r.filter_groups.metric, max_num_gen_batches=r.filter_groups.max_num_gen_batches,
                              mode=r.filter_groups.mode, gen_batch_size=r.data.gen_batch_size)  # fmt: skip
