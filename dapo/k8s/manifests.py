@@ -17,30 +17,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from dapo.k8s.presets import ValuesError, go_string, merged_preset, preset_files, trainer_path
+from dapo.k8s.presets import ValuesError, go_quote, go_string, merged_preset, preset_files, trainer_path
 from dapo.k8s.values import check, fullname, placement
 
 # Labels only Helm writes; scripts/render.py output has none of them.
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
-
-
-def go_quote(s: str) -> str:
-    """Go's ``quote`` (strconv.Quote): a double-quoted string that YAML reads back unchanged."""
-    named = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v",
-             '"': '\\"', "\\": "\\\\"}
-    out = []
-    for ch in s:
-        if ch in named:
-            out.append(named[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x80:
-            out.append(f"\\x{ord(ch):02x}")
-        elif ord(ch) < 0x10000:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(f"\\U{ord(ch):08x}")
-    return '"' + "".join(out) + '"'
 
 
 def runtime_env_yaml(env: dict[str, str]) -> str | None:

@@ -24,6 +24,30 @@ class ValuesError(ValueError):
     """Bad chart values or an impossible combination; the message starts with the offending key."""
 
 
+def go_quote(s: str) -> str:
+    """Go's ``quote`` (strconv.Quote): a double-quoted string that YAML reads back unchanged."""
+    named = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v",
+             '"': '\\"', "\\": "\\\\"}
+    out = []
+    for ch in s:
+        if ch in named:
+            out.append(named[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x80:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) < 0x10000:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def q(value: Any) -> str:
+    """Quote a value in a message the way the chart's `printf "%q"` does, so both say the same."""
+    return go_quote(str(value))
+
+
 def runnable_presets(preset_dir: Path = PRESET_DIR) -> list[str]:
     return sorted(p.stem for p in preset_dir.glob("*.yaml") if not p.stem.startswith("_"))
 
@@ -32,7 +56,7 @@ def preset_chain(name: str, preset_dir: Path = PRESET_DIR) -> list[str]:
     """File names (without .yaml) of the preset and the files it ``extends:``, the preset first."""
     if not PRESET_NAME.fullmatch(name) or name.startswith("_"):
         raise ValuesError(
-            f"preset: {name!r} is not a preset name (a file of presets/ without .yaml; _files are shared bases)"
+            f"preset: {q(name)} is not a preset name (a file of presets/ without .yaml; _files are shared bases)"
         )
     files: list[str] = []
     current = name
@@ -41,9 +65,9 @@ def preset_chain(name: str, preset_dir: Path = PRESET_DIR) -> list[str]:
         if not path.is_file():
             if current == name:
                 raise ValuesError(
-                    f"preset: unknown preset {name!r}; available: {', '.join(runnable_presets(preset_dir))}"
+                    f"preset: unknown preset {q(name)}; available: {', '.join(runnable_presets(preset_dir))}"
                 )
-            raise ValuesError(f"preset: {files[-1]!r} extends {current!r}, which is not a file of presets/")
+            raise ValuesError(f"preset: {q(files[-1])} extends {q(current)}, which is not a file of presets/")
         try:
             doc = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
@@ -55,7 +79,7 @@ def preset_chain(name: str, preset_dir: Path = PRESET_DIR) -> list[str]:
         if parent in files:
             raise ValuesError(f"preset: circular extends chain {' -> '.join(files)} -> {parent}")
         current = str(parent)
-    raise ValuesError(f"preset: extends chain of {name!r} is longer than {MAX_CHAIN} files")
+    raise ValuesError(f"preset: extends chain of {q(name)} is longer than {MAX_CHAIN} files")
 
 
 def preset_files(name: str, preset_dir: Path = PRESET_DIR) -> dict[str, str]:
@@ -90,5 +114,5 @@ def trainer_path(path: str, trainer: dict[str, Any]) -> str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             out = out.replace(f"${{trainer.{key}}}", go_string(value))
     if "${" in out:
-        raise ValuesError(f"preset: cannot resolve {path!r} (only ${{trainer.<key>}} references are supported)")
+        raise ValuesError(f"preset: cannot resolve {q(path)} (only ${{trainer.<key>}} references are supported)")
     return out

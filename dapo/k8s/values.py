@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from dapo.k8s.presets import ValuesError, merged_preset, preset_chain
+from dapo.k8s.presets import ValuesError, merged_preset, preset_chain, q
 from dapo.k8s.versions import MAX_RAYJOB_NAME
 
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -55,15 +55,15 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def parse_set(text: str) -> dict[str, Any]:
     """``a.b.c=VALUE`` (VALUE parsed as YAML, like ``helm --set`` for scalars) -> ``{"a": {"b": {"c": VALUE}}}``."""
     if "=" not in text:
-        raise ValuesError(f"--set {text!r}: expected key.path=value")
+        raise ValuesError(f"--set {q(text)}: expected key.path=value")
     key, raw = text.split("=", 1)
     parts = key.strip().split(".")
     if not all(parts):
-        raise ValuesError(f"--set {text!r}: empty key")
+        raise ValuesError(f"--set {q(text)}: empty key")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ValuesError(f"--set {text!r}: value is not valid YAML ({exc})") from exc
+        raise ValuesError(f"--set {q(text)}: value is not valid YAML ({exc})") from exc
     out: dict[str, Any] = {}
     node = out
     for part in parts[:-1]:
@@ -110,7 +110,7 @@ def placement(values: dict[str, Any], preset: dict[str, Any]) -> dict[str, Any]:
     for key in ("backend", "nodes", "gpus_per_node"):
         if key not in pl:
             raise ValuesError(
-                f"preset: {values['preset']!r} does not set placement.{key} (the chart reads it from the preset chain)"
+                f"preset: {q(values['preset'])} does not set placement.{key} (the chart reads it from the preset chain)"
             )
     nodes = int(values["nodes"]) if values.get("nodes") is not None else int(pl["nodes"])
     gpus = int(values["gpusPerNode"]) if values.get("gpusPerNode") is not None else int(pl["gpus_per_node"])
@@ -133,12 +133,12 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
             continue
         if len(name) > MAX_RAYJOB_NAME:
             raise ValuesError(
-                f"fullnameOverride: the RayJob name {name!r} has {len(name)} characters; KubeRay allows at most "
+                f"fullnameOverride: the RayJob name {q(name)} has {len(name)} characters; KubeRay allows at most "
                 f"{MAX_RAYJOB_NAME} (use a shorter release name or set fullnameOverride)"
             )
         if not DNS1035.fullmatch(name):
             raise ValuesError(
-                f"fullnameOverride: the RayJob name {name!r} is not a DNS-1035 label (lower-case letters, digits, "
+                f"fullnameOverride: the RayJob name {q(name)} is not a DNS-1035 label (lower-case letters, digits, "
                 "'-', starting with a letter)"
             )
 
@@ -148,7 +148,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     if pl["backend"] == "local":
         if v.get("nodes") is not None or v.get("gpusPerNode") is not None:
             raise ValuesError(
-                f"nodes: preset {v['preset']!r} runs on the local backend inside the Ray head; nodes / gpusPerNode "
+                f"nodes: preset {q(v['preset'])} runs on the local backend inside the Ray head; nodes / gpusPerNode "
                 "do not apply"
             )
     else:
@@ -165,7 +165,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
         key = o.split("=", 1)[0].lstrip("+")
         if key in PLACEMENT_KEYS:
             raise ValuesError(
-                f"overrides: {o!r} changes the placement; set the values nodes / gpusPerNode instead (the worker "
+                f"overrides: {q(o)} changes the placement; set the values nodes / gpusPerNode instead (the worker "
                 "group is sized from them)"
             )
 
@@ -199,10 +199,10 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
         restart = v["head"].get("restartPolicy", "")
         if job["submissionMode"] == "SidecarMode" and restart not in ("", "Never"):
             raise ValuesError(
-                f"head.restartPolicy: must be empty or Never with {kind}.submissionMode SidecarMode, got {restart!r}"
+                f"head.restartPolicy: must be empty or Never with {kind}.submissionMode SidecarMode, got {q(restart)}"
             )
     if v["queue"]["scheduler"] and not v["queue"]["name"]:
-        raise ValuesError(f"queue.name: required when queue.scheduler is {v['queue']['scheduler']!r}")
+        raise ValuesError(f"queue.name: required when queue.scheduler is {q(v['queue']['scheduler'])}")
 
     for section in ("requests", "limits"):
         if "nvidia.com/gpu" in (v["head"]["resources"].get(section) or {}):
@@ -251,7 +251,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     for key, path in (("dataPrep.outDir", v["dataPrep"]["outDir"]), ("storage.hfHome", v["storage"]["hfHome"])):
         prefix = (mount[:-1] if mount.endswith("/") else mount) + "/"
         if not path.startswith(prefix):
-            raise ValuesError(f"{key}: {path!r} is not under storage.mountPath {mount!r} (it would not survive the pod)")
+            raise ValuesError(f"{key}: {q(path)} is not under storage.mountPath {q(mount)} (it would not survive the pod)")
 
     if v["eval"]["enabled"]:
         if pl["evalGpus"] < 1:
@@ -260,10 +260,10 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
             )
         recipe = preset.get("recipe") or {}
         if not v["eval"].get("testFile") and not (recipe.get("data") or {}).get("val_files"):
-            raise ValuesError(f"eval.testFile: the preset {v['preset']!r} has no recipe.data.val_files; set eval.testFile")
+            raise ValuesError(f"eval.testFile: the preset {q(v['preset'])} has no recipe.data.val_files; set eval.testFile")
         if not v["eval"].get("checkpointDir") and not (recipe.get("trainer") or {}).get("default_local_dir"):
             raise ValuesError(
-                f"eval.checkpointDir: the preset {v['preset']!r} has no recipe.trainer.default_local_dir; set "
+                f"eval.checkpointDir: the preset {q(v['preset'])} has no recipe.trainer.default_local_dir; set "
                 "eval.checkpointDir"
             )
 

@@ -1,0 +1,102 @@
+"""Helpers shared by the chart / render / manifest / submission tests: real Helm via helm_python, and the twin
+Python renderer (scripts/render.py, dapo.k8s)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from conftest import ROOT
+from dapo.k8s import HELM_ONLY_LABELS, render_objects
+from dapo.k8s.values import _merge
+
+CHART_DIR = ROOT / "charts" / "dapo"
+VALUES_DIR = ROOT / "values"
+
+
+@functools.lru_cache(maxsize=None)
+def render_script():
+    """scripts/render.py as a module (its RENDER_SETS, main, to_yaml)."""
+    spec = importlib.util.spec_from_file_location("dapo_render_script", ROOT / "scripts" / "render.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def helm():
+    import helm_python
+
+    helm_python.disable_logging()
+    return helm_python
+
+
+@functools.lru_cache(maxsize=None)
+def chart():
+    return helm().Chart.load(str(CHART_DIR))
+
+
+def user_values(files: list[Path] | tuple[Path, ...], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What `helm -f a.yaml -f b.yaml` hands the chart: user files merged, later wins, maps merge."""
+    out: dict[str, Any] = {}
+    for f in files:
+        out = _merge(out, yaml.safe_load(Path(f).read_text()) or {})
+    if extra:
+        out = _merge(out, extra)
+    return out
+
+
+def helm_render(values: dict[str, Any], *, release: str = "dapo", namespace: str = "ml") -> dict[str, str]:
+    return chart().render(copy.deepcopy(values), name=release, namespace=namespace)
+
+
+def helm_objects(values: dict[str, Any], *, release: str = "dapo", namespace: str = "ml",
+                 strip: bool = True) -> list[dict[str, Any]]:
+    """Objects of `helm template`, NOTES left out; Helm-only labels removed when strip."""
+    out = []
+    for path, text in sorted(helm_render(values, release=release, namespace=namespace).items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for obj in yaml.safe_load_all(text):
+            if obj:
+                if strip:
+                    for label in HELM_ONLY_LABELS:
+                        obj["metadata"].get("labels", {}).pop(label, None)
+                out.append(obj)
+    return out
+
+
+def helm_notes(values: dict[str, Any], *, release: str = "dapo", namespace: str = "ml") -> str:
+    return helm_render(values, release=release, namespace=namespace)["dapo/templates/NOTES.txt"]
+
+
+def set_files(name: str) -> tuple[list[Path], str]:
+    files, release = render_script().RENDER_SETS[name]
+    return [VALUES_DIR / f for f in files], release
+
+
+def python_objects(files, *, release: str = "dapo", namespace: str | None = "ml",
+                   extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return render_objects(CHART_DIR, list(files), release=release, namespace=namespace, extra=extra)
+
+
+def by_key(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def pod_templates(rayjob: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(role, pod template) of a RayJob: head, each worker group, the submitter."""
+    spec = rayjob["spec"]
+    out = [("head", spec["rayClusterSpec"]["headGroupSpec"]["template"])]
+    out += [(f"worker:{g['groupName']}", g["template"]) for g in spec["rayClusterSpec"].get("workerGroupSpecs", [])]
+    if "submitterPodTemplate" in spec:
+        out.append(("submitter", spec["submitterPodTemplate"]))
+    return out
+
+
+def ray_pod_templates(rayjob: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(role, t) for role, t in pod_templates(rayjob) if role != "submitter"]

@@ -1,0 +1,271 @@
+"""The Helm chart with real Helm (helm_python, the Helm SDK): it lints strictly and renders for every values file,
+bad values are refused with a message that names the key -- by Helm and, with the same rule, by scripts/render.py."""
+
+from __future__ import annotations
+
+import re
+import tarfile
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from dapo.k8s import ValuesError, versions
+from dapo.k8s.manifests import Chart
+from dapo.k8s.presets import runnable_presets
+from k8s_support import (
+    CHART_DIR,
+    VALUES_DIR,
+    by_key,
+    chart,
+    helm,
+    helm_notes,
+    helm_objects,
+    render_script,
+    set_files,
+    user_values,
+)
+
+CI_VALUES = sorted((CHART_DIR / "ci").glob("*.yaml"))
+
+
+def _lint(values):
+    report = helm().lint(str(CHART_DIR), values=values, strict=True, kube_version="v1.30.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+    return report, problems
+
+
+@pytest.mark.parametrize("name", sorted(render_script().RENDER_SETS))
+def test_every_values_file_lints_strict_and_renders_its_preset(name):
+    files, release = set_files(name)
+    values = user_values(files)
+    report, problems = _lint(values)
+    assert problems == [], problems
+    assert report["total_charts_linted"] == 1
+    objects = by_key(helm_objects(values, release=release))
+    kinds = sorted(k for k, _ in objects)
+    if name == "eval":
+        assert kinds == ["RayJob"]
+        return
+    assert kinds == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
+    job = objects[("RayJob", f"{release}-train")]
+    assert f"/{values['preset']}.yaml" in job["spec"]["entrypoint"]
+
+
+@pytest.mark.parametrize("path", CI_VALUES, ids=[p.stem for p in CI_VALUES])
+def test_ci_values_lint_strict(path):
+    _, problems = _lint(yaml.safe_load(path.read_text()) or {})
+    assert problems == [], problems
+
+
+@pytest.mark.parametrize(
+    "values, where",
+    [
+        ({"nodez": 4}, "nodez"),
+        ({"train": {"backoffLimit": "three"}}, "/train/backoffLimit"),
+        ({"train": {"submissionMode": "InteractiveMode"}}, "/train/submissionMode"),
+        ({"worker": {"shmsize": "1Gi"}}, "/worker"),
+        ({"nodes": 0}, "/nodes"),
+        ({"preset": "_dapo_qwen32b"}, "/preset"),
+        ({"overrides": ["recipe.trainer.total_training_steps=$(reboot)"]}, "/overrides/0"),
+        ({"overrides": ["recipe.x=a b"]}, "/overrides/0"),
+        ({"nccl": {"NCCL_DEBUG": 3}}, "/nccl/NCCL_DEBUG"),
+        ({"eval": {"step": "newest"}}, "/eval/step"),
+        ({"queue": {"scheduler": "slurm"}}, "/queue/scheduler"),
+        ({"head": {"rayStartParams": {"num-cpus": 0}}}, "/head/rayStartParams/num-cpus"),
+    ],
+)
+def test_schema_rejects_bad_values_naming_the_key(values, where):
+    with pytest.raises(helm().HelmValuesError, match=re.escape(where)):
+        chart().render(values, name="dapo", namespace="ml")
+    # scripts/render.py checks the same schema
+    with pytest.raises(ValuesError, match=re.escape(where)):
+        render_script().render_objects(CHART_DIR, [], extra=values)
+
+
+DELETE_OK = [{"policy": "DeleteCluster", "condition": {"jobStatus": "FAILED", "ttlSeconds": 60}}]
+
+FAIL_CASES = [
+    ({"train": {"enabled": False}}, "train.enabled:"),
+    ({"fullnameOverride": "a" * 42}, "fullnameOverride:"),
+    ({"preset": "nope"}, f'preset: unknown preset "nope"; available: {", ".join(runnable_presets())}'),
+    ({"preset": "tiny", "nodes": 2}, "nodes:"),
+    ({"preset": "tiny", "gpusPerNode": 1}, "nodes:"),
+    ({"overrides": ["placement.nodes=4"]}, "overrides:"),
+    ({"overrides": ["trainer.n_gpus_per_node=4"]}, "overrides:"),
+    ({"train": {"shutdownAfterJobFinishes": False}}, "train.ttlSecondsAfterFinished:"),
+    ({"train": {"deletionRules": DELETE_OK}}, "train.deletionRules:"),
+    (
+        {"train": {"shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 0, "deletionRules": [
+            {"policy": "DeleteCluster", "condition": {"jobStatus": "FAILED", "ttlSeconds": 60}},
+            {"policy": "DeleteWorkers", "condition": {"jobStatus": "FAILED", "ttlSeconds": 600}},
+        ]}},
+        "train.deletionRules[0]:",
+    ),
+    (
+        {"train": {"shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 0,
+                   "deletionRules": DELETE_OK + DELETE_OK}},
+        "train.deletionRules[1]: duplicate",
+    ),
+    (
+        {"train": {"shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 0, "deletionRules": [
+            {"policy": "DeleteCluster", "condition": {"ttlSeconds": 60}}]}},
+        "train.deletionRules[0].condition:",
+    ),
+    (
+        {"queue": {"scheduler": "kueue", "name": "q"},
+         "train": {"shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 0}},
+        "queue.scheduler: kueue",
+    ),
+    ({"queue": {"scheduler": "kai", "name": "q"}}, "queue.scheduler: kai"),
+    ({"queue": {"scheduler": "volcano"}}, "queue.name:"),
+    ({"train": {"submissionMode": "SidecarMode"}, "head": {"restartPolicy": "Always"}}, "head.restartPolicy:"),
+    ({"head": {"resources": {"limits": {"nvidia.com/gpu": 1}}}}, "head.resources.limits:"),
+    ({"head": {"rayStartParams": {"num-gpus": "8"}}}, "head.rayStartParams.num-gpus:"),
+    ({"worker": {"resources": {"requests": {"nvidia.com/gpu": 8}}}}, "worker.resources.requests:"),
+    ({"worker": {"extraResources": {"memory": "1Ti"}}}, "worker.extraResources.memory:"),
+    ({"env": {"HF_TOKEN": "hf_not_a_real_token"}}, "env.HF_TOKEN:"),
+    ({"train": {"runtimeEnv": {"WANDB_API_KEY": "x"}}}, "train.runtimeEnv.WANDB_API_KEY:"),
+    ({"nccl": {"HF_HOME": "/tmp"}}, "nccl.HF_HOME:"),
+    ({"env": {"NCCL_DEBUG": "INFO"}}, "env.NCCL_DEBUG:"),
+    ({"worker": {"labels": {"app.kubernetes.io/component": "x"}}}, "worker.labels.app.kubernetes.io/component:"),
+    ({"hostNetwork": True, "worker": {"onePerHost": False}}, "worker.onePerHost:"),
+    ({"dataPrep": {"outDir": "/data"}}, "dataPrep.outDir:"),
+    ({"preset": "tiny", "eval": {"enabled": True}}, "eval.gpusPerNode:"),
+    ({"preset": "tiny", "eval": {"enabled": True, "gpusPerNode": 8}}, "eval.testFile:"),
+]
+
+
+@pytest.mark.parametrize("values, key", FAIL_CASES, ids=[k for _, k in FAIL_CASES])
+def test_cross_field_rule_fails_naming_the_key_in_helm_and_render_py(values, key):
+    with pytest.raises(helm().HelmRenderError, match=re.escape(key)):
+        chart().render(values, name="dapo", namespace="ml")
+    with pytest.raises(ValuesError, match=re.escape(key)):
+        render_script().render_objects(CHART_DIR, [], extra=values)
+
+
+def test_rayjob_name_limit_counts_the_suffix():
+    # 41 characters of fullname + "-train" = 47: accepted; one more is refused (checked above)
+    objects = by_key(helm_objects({"fullnameOverride": "a" * 41}))
+    assert ("RayJob", "a" * 41 + "-train") in objects
+
+
+def test_helm_package_carries_the_presets_and_renders_the_same(tmp_path):
+    archive = helm().package(str(CHART_DIR), destination=str(tmp_path))
+    with tarfile.open(archive) as tar:
+        packaged = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers() if "/presets/" in m.name}
+    source = {f"dapo/presets/{p.name}": p.read_text() for p in (ROOT / "dapo" / "presets").glob("*.yaml")}
+    assert packaged == source
+    from_archive = helm().Chart.load(archive)
+    values = user_values([VALUES_DIR / "full.yaml"])
+    assert from_archive.render(values, name="dapo", namespace="ml") == chart().render(values, name="dapo",
+                                                                                     namespace="ml")
+
+
+def test_chart_presets_link_is_the_package_presets():
+    link = CHART_DIR / "presets"
+    assert link.is_symlink() and link.resolve() == (ROOT / "dapo" / "presets").resolve()
+
+
+def test_chart_pins_the_same_image_and_ray_version_as_dapo_k8s():
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert values["image"]["repository"] == versions.IMAGE_REPOSITORY
+    assert values["image"]["tag"] == versions.IMAGE_TAG
+    assert values["rayVersion"] == versions.RAY_VERSION
+    assert values["eval"]["image"] == {"repository": versions.EVAL_IMAGE_REPOSITORY, "tag": versions.EVAL_IMAGE_TAG}
+    # and no values file repeats the pins (one place)
+    for f in VALUES_DIR.glob("*.yaml"):
+        v = yaml.safe_load(f.read_text()) or {}
+        assert "image" not in v and "rayVersion" not in v, f
+
+
+def test_every_value_is_documented_with_a_helm_docs_comment():
+    """KubeRay's chart style: every value (or the block it belongs to) has a `# --` comment above it."""
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    parsed = yaml.safe_load("\n".join(lines))
+    undocumented, stack = [], []  # stack of (indent, key, documented)
+    for i, line in enumerate(lines):
+        m = re.match(r"^( *)([A-Za-z0-9_.-]+):(.*)$", line)
+        if not m or line.lstrip().startswith("#"):
+            continue
+        indent, key = len(m.group(1)), m.group(2)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        j = i - 1
+        while j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --"):
+            j -= 1
+        documented = j >= 0 and lines[j].strip().startswith("# --")
+        if not documented and not any(d for _, _, d in stack):
+            node = parsed
+            for _, k, _ in stack:
+                node = node[k]
+            is_section = isinstance(node[key], dict) and bool(node[key])
+            if not is_section:
+                undocumented.append(".".join([k for _, k, _ in stack] + [key]))
+        stack.append((indent, key, documented))
+    assert undocumented == []
+
+
+def test_schema_forbids_unknown_keys_at_every_level_of_our_own_sections():
+    schema = chart().schema
+    assert schema["additionalProperties"] is False
+
+    def walk(node, path):
+        if node.get("type") == "object" and "properties" in node:
+            yield path, node.get("additionalProperties")
+            for k, sub in node["properties"].items():
+                yield from walk(sub, f"{path}.{k}")
+
+    open_objects = [p for p, extra in walk(schema, "") if extra is not False]
+    assert open_objects == []
+
+
+def test_notes_give_the_next_commands():
+    notes = helm_notes(user_values([VALUES_DIR / "full.yaml"]), release="dapo", namespace="ml")
+    for expected in (
+        "kubectl get rayjob dapo-train -n ml",
+        "kubectl logs -n ml -f job/dapo-train",
+        "-c ray-head",
+        "kubectl port-forward -n ml svc/dapo-train-head-svc 8265:8265",
+        "https://wandb.ai/",
+        "kubectl delete pvc dapo-shared -n ml",
+    ):
+        assert expected in notes, expected
+    eval_notes = helm_notes(user_values(set_files("eval")[0]), release="dapo-aime", namespace="ml")
+    assert "kubectl get rayjob dapo-aime-eval -n ml" in eval_notes and "dapo-train" not in eval_notes
+
+
+def test_standard_labels_on_every_object():
+    for obj in helm_objects(user_values([VALUES_DIR / "full.yaml"]), strip=False):
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "dapo"
+        assert labels["app.kubernetes.io/instance"] == "dapo"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["helm.sh/chart"] == "dapo-0.1.0"
+        assert labels["app.kubernetes.io/version"] == chart().metadata["appVersion"]
+
+
+def test_queue_labels_for_each_batch_scheduler():
+    expected = {"kueue": "kueue.x-k8s.io/queue-name", "volcano": "volcano.sh/queue-name", "kai": "kai.scheduler/queue"}
+    for scheduler, label in expected.items():
+        values = {"queue": {"scheduler": scheduler, "name": "gpu-q"}, "train": {"submissionMode": "HTTPMode"}}
+        job = by_key(helm_objects(values))[("RayJob", "dapo-train")]
+        assert job["metadata"]["labels"][label] == "gpu-q"
+
+
+def test_python_twin_refuses_what_helm_refuses_without_helm():
+    """Chart() applies the rules on coalesced values even when no schema is available (a user's own tooling)."""
+    from dapo.k8s import load_values
+
+    values = load_values(CHART_DIR, [], [], {"queue": {"scheduler": "volcano", "name": ""}})
+    with pytest.raises(ValuesError, match=r"^queue\.name:"):
+        Chart(values, release="dapo", namespace="ml")
+
+
+def test_operator_values_pin_kuberay_1_7_0_with_the_gates_the_chart_uses():
+    ops = yaml.safe_load((ROOT / "k8s" / "kuberay-operator-values.yaml").read_text())
+    assert ops["image"]["tag"] == f"v{versions.KUBERAY_VERSION}"
+    gates = {g["name"]: g["enabled"] for g in ops["featureGates"]}
+    assert gates["RayJobDeletionPolicy"] is True  # train/eval.deletionRules
+    text = (ROOT / "k8s" / "kuberay-operator-values.yaml").read_text()
+    assert f"--version {versions.KUBERAY_VERSION}" in text

@@ -1,0 +1,178 @@
+"""The submission path for real: the rendered training RayJob's entrypoint and runtime env, taken from the Helm
+output, submitted to a Ray head on loopback the way KubeRay's K8sJobMode submitter does it, runs the tiny preset
+to SUCCEEDED; a retried submitter does not submit it twice.
+
+What stands in for Kubernetes: the ConfigMap is written where the kubelet would mount it, and the shared volume's
+mount point is a temporary directory (values storage.mountPath / train.presetDir / WANDB_DIR point there). The
+entrypoint, the runtime env and the submit script are otherwise exactly what the cluster runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dapo.k8s.presets import go_quote
+from k8s_support import by_key, helm_objects, set_files, user_values
+
+pytestmark = pytest.mark.slow
+
+VENV_BIN = Path(sys.executable).parent
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _kuberay_submit_script(address: str, job_id: str, entrypoint: str, runtime_env_json: str) -> str:
+    """KubeRay v1.7's K8sJobMode submitter command (common.BuildJobSubmitCommand), minus its dashboard wait loop:
+    submit only if the job id is unknown, then follow the logs."""
+    return (
+        f"if ! ray job status --address {address} {job_id} >/dev/null 2>&1 ; then "
+        f"ray job submit --address {address} --no-wait --runtime-env-json {go_quote(runtime_env_json)} "
+        f"--submission-id {job_id} -- {entrypoint} ; fi ; "
+        f"ray job logs --address {address} --follow {job_id}"
+    )
+
+
+def _stop_own_processes(head: subprocess.Popen, marker: str) -> None:
+    """Stop only what this test started: the `ray start --block` session, then any process whose command line
+    names this test's private temp dir (job drivers run in their own session). Never `ray stop`, which would end
+    every Ray process on a shared machine."""
+    if head.poll() is None:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=10)
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with ray
+        return
+    mine = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.pid != os.getpid() and any(marker in part for part in (p.info["cmdline"] or [])):
+                mine.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for p in mine:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(mine, timeout=10)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def test_rendered_tiny_rayjob_runs_to_succeeded_through_ray_job_submit():
+    if shutil.which("ray", path=str(VENV_BIN)) is None:
+        pytest.skip("the ray CLI is not installed next to this Python")
+    root = Path(tempfile.mkdtemp(prefix="dapo-rj-", dir="/tmp"))  # short: Ray's unix socket paths are limited
+    marker = str(root)
+    shared = root / "shared"
+    presets_dir = root / "etc" / "dapo" / "presets"
+    files, release = set_files("tiny")
+    base = user_values(files)
+    values = user_values(files, {
+        "storage": {"mountPath": str(shared), "hfHome": f"{shared}/hf"},
+        "dataPrep": {"outDir": f"{shared}/data"},
+        "train": {"presetDir": str(presets_dir), "runtimeEnv": {"WANDB_DIR": f"{shared}/wandb"}},
+        "overrides": base["overrides"] + [
+            f"recipe.trainer.default_local_dir={shared}/checkpoints/tiny",
+            "recipe.trainer.total_training_steps=1",
+            "local.warm_start.steps=5",
+            "local.task.n_val=32",
+        ],
+    })
+    objects = by_key(helm_objects(values, release=release))
+    job = objects[("RayJob", f"{release}-train")]
+    configmap = objects[("ConfigMap", f"{release}-preset")]
+    presets_dir.mkdir(parents=True)
+    for key, text in configmap["data"].items():  # what the kubelet mounts at train.presetDir
+        (presets_dir / key).write_text(text)
+    (shared / "wandb").mkdir(parents=True)
+    entrypoint = job["spec"]["entrypoint"]
+    runtime_env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])
+    assert set(runtime_env) == {"env_vars"}  # env only: the code is in the image
+    # the head container's plain env (secrets are optional here: the tiny values allow a missing wandb key)
+    (head,) = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    pod_env = {e["name"]: e["value"] for e in head["env"] if "value" in e}
+
+    gcs, dashboard, agent, client_port = _free_ports(4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "HF_TOKEN", "WANDB_"))}
+    env.update(pod_env)
+    env.update({"HOME": str(root / "home"), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+                "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
+    (root / "home").mkdir()
+    address = f"http://127.0.0.1:{dashboard}"
+    head_proc = subprocess.Popen(
+        ["ray", "start", "--head", "--block", "--num-cpus", "2", "--dashboard-host", "127.0.0.1",
+         "--port", str(gcs), "--dashboard-port", str(dashboard), "--dashboard-agent-listen-port", str(agent),
+         "--ray-client-server-port", str(client_port), "--temp-dir", str(root / "ray"), "--disable-usage-stats"],
+        env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True,
+    )
+    try:
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        client = None
+        deadline = time.monotonic() + 90
+        while client is None:
+            if head_proc.poll() is not None:
+                pytest.fail(f"ray start exited early:\n{head_proc.stdout.read()}")
+            try:
+                client = JobSubmissionClient(address)
+                client.list_jobs()
+            except Exception:  # dashboard not up yet
+                client = None
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+
+        job_id = "dapo-tiny-train-test"
+        script = _kuberay_submit_script(address, job_id, entrypoint, json.dumps(runtime_env))
+        first = subprocess.run(["bash", "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                               timeout=300)
+        deadline = time.monotonic() + 300
+        while (status := client.get_job_status(job_id)) not in {JobStatus(s) for s in TERMINAL}:
+            assert time.monotonic() < deadline, "the tiny run did not finish in 300 s"
+            time.sleep(2)
+        logs = client.get_job_logs(job_id)
+        assert status == JobStatus.SUCCEEDED, f"{status}\n--- submitter ---\n{first.stdout}{first.stderr}\n" \
+                                              f"--- job logs ---\n{logs[-6000:]}"
+        info = client.get_job_info(job_id)
+        assert info.entrypoint == entrypoint
+        assert info.runtime_env["env_vars"] == runtime_env["env_vars"]
+        assert any((shared / "checkpoints" / "tiny").iterdir()), "no checkpoint on the shared volume"
+
+        # a retried submitter pod (K8sJobMode backoff) re-attaches instead of submitting a second run
+        again = subprocess.run(["bash", "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                               timeout=120)
+        assert again.returncode == 0, again.stderr
+        assert [j.submission_id for j in client.list_jobs()] == [job_id]
+    finally:
+        _stop_own_processes(head_proc, marker)
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,143 @@
+"""scripts/render.py (teams without Helm) produces the same objects as the Helm chart, for every preset and for
+non-default values that reach every branch of the templates; the committed k8s/rendered/ files are up to date."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from dapo.k8s.presets import go_quote
+from k8s_support import (
+    CHART_DIR,
+    by_key,
+    helm_objects,
+    python_objects,
+    render_script,
+    set_files,
+    user_values,
+)
+
+# Non-default values reaching every optional branch of the templates (and characters Go and Python quote alike).
+EVERY_BRANCH = {
+    "preset": "7b",
+    "nodes": 3,
+    "gpusPerNode": 4,
+    "overrides": ["recipe.trainer.total_training_steps=7", "+trainer.log_val_generations=2"],
+    "fullnameOverride": "dapo-exp",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "serviceAccountName": "runner",
+    "secret": {"name": "tokens", "hfTokenKey": "hf", "hfTokenOptional": False, "wandbApiKeyOptional": True},
+    "wandb": {"entity": "team-rl"},
+    "storage": {"existingClaim": "lustre-rwx", "mountPath": "/mnt/shared/", "hfHome": "/mnt/shared/hf"},
+    "dataPrep": {"outDir": "/mnt/shared/data", "dedup": True, "extraArgs": ["--revision", "abc123"]},
+    "nccl": {"NCCL_SOCKET_IFNAME": "bond0", "NCCL_IB_HCA": "mlx5_0,mlx5_1"},
+    "env": {"OMP_NUM_THREADS": "8", "on": "yes"},
+    "hostNetwork": True,
+    "ipcLock": True,
+    "priorityClassName": "high",
+    "schedulerName": "custom",
+    "queue": {"scheduler": "volcano", "name": "rl"},
+    "head": {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "cpu", "operator": "Exists"}],
+             "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                 {"weight": 1, "preference": {"matchExpressions": [{"key": "z", "operator": "In", "values": ["a"]}]}}]}},
+             "labels": {"team": "rl"}, "annotations": {"note": "x"}, "restartPolicy": "Never",
+             "rayStartParams": {"num-gpus": "0", "metrics-export-port": "8080"}},
+    "worker": {"groupName": "h100", "extraResources": {"rdma/ib": "1", "vpc.amazonaws.com/efa": 32},
+               "rayStartParams": {"object-store-memory": "100000000000"},
+               "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                   {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}}},
+               "labels": {"team": "rl"}, "annotations": {"note": "y"}, "nodeSelector": {"gpu": "h100"}},
+    "train": {"submissionMode": "SidecarMode", "backoffLimit": 5, "activeDeadlineSeconds": 12345678,
+              "shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 0, "presetDir": "/etc/presets/",
+              "deletionRules": [{"policy": "DeleteWorkers", "condition": {"jobStatus": "FAILED", "ttlSeconds": 0}},
+                                {"policy": "DeleteCluster", "condition": {"jobStatus": "FAILED", "ttlSeconds": 60}},
+                                {"policy": "DeleteSelf", "condition": {"jobDeploymentStatus": "Failed"}}],
+              "runtimeEnv": {"WANDB_TAGS": 'a "quoted", back\\slash\ttab and üñí ✓', "Y": "n"}},
+    "eval": {"enabled": True, "image": {"repository": "", "tag": ""}, "step": 120, "nodes": 2, "gpusPerNode": 8,
+             "submissionMode": "HTTPMode", "extraArgs": ["--n-samples", "32"], "activeDeadlineSeconds": None,
+             "runtimeEnv": {"VLLM_LOGGING_LEVEL": "DEBUG"}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(render_script().RENDER_SETS))
+def test_helm_and_render_py_give_the_same_objects_for_every_preset(name):
+    files, release = set_files(name)
+    helm = helm_objects(user_values(files), release=release, namespace="ml")
+    python = python_objects(files, release=release, namespace="ml")
+    assert [(o["kind"], o["metadata"]["name"]) for o in python] == [(o["kind"], o["metadata"]["name"]) for o in helm]
+    assert python == helm
+
+
+def test_helm_and_render_py_agree_on_every_template_branch():
+    helm = by_key(helm_objects(copy.deepcopy(EVERY_BRANCH), release="r1", namespace="team-a"))
+    python = by_key(python_objects([], release="r1", namespace="team-a", extra=copy.deepcopy(EVERY_BRANCH)))
+    assert sorted(helm) == sorted(python) == [("ConfigMap", "dapo-exp-preset"), ("RayJob", "dapo-exp-eval"),
+                                              ("RayJob", "dapo-exp-train")]
+    for key in helm:
+        assert python[key] == helm[key], key
+    train = python[("RayJob", "dapo-exp-train")]["spec"]
+    # the branches were really taken
+    assert train["submissionMode"] == "SidecarMode" and "submitterPodTemplate" not in train
+    assert train["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 3
+    assert "WANDB_TAGS" in yaml.safe_load(train["runtimeEnvYAML"])["env_vars"]
+    assert yaml.safe_load(train["runtimeEnvYAML"])["env_vars"]["WANDB_TAGS"] == EVERY_BRANCH["train"]["runtimeEnv"][
+        "WANDB_TAGS"]
+
+
+@pytest.mark.parametrize("text", ["plain", 'q"uote', "back\\slash", "tab\there", "nl\nx", "bell\a", "\x7f",
+                                  "üñí", "✓", "\u00a0nbsp", "\u2028", "😀"])
+def test_go_quote_reads_back_unchanged_in_yaml(text):
+    assert yaml.safe_load(f"k: {go_quote(text)}")["k"] == text
+
+
+def test_committed_rendered_manifests_are_up_to_date():
+    assert render_script().main(["--all", "--out", str(ROOT / "k8s" / "rendered"), "--check"]) == 0
+
+
+def test_rendered_manifests_have_no_namespace_and_parse(tmp_path):
+    assert render_script().main(["--all", "--out", str(tmp_path)]) == 0
+    for name in render_script().RENDER_SETS:
+        objects = [o for o in yaml.safe_load_all((tmp_path / f"{name}.yaml").read_text()) if o]
+        assert objects and all("namespace" not in o["metadata"] for o in objects)
+        files, release = set_files(name)
+        assert objects == python_objects(files, release=release, namespace=None)
+
+
+def test_render_cli_preset_set_and_override(capsys):
+    rc = render_script().main(["--preset", "smoke", "--namespace", "ml", "--set", "worker.shmSize=32Gi",
+                               "--override", "recipe.trainer.total_training_steps=3"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    job = by_key([o for o in yaml.safe_load_all(out) if o])[("RayJob", "dapo-smoke-train")]
+    assert job["metadata"]["namespace"] == "ml"
+    assert job["spec"]["entrypoint"].endswith("placement.gpus_per_node=8 recipe.trainer.total_training_steps=3")
+    worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in worker["volumes"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--preset", "full", "--set", "nodes=0"], "/nodes"),
+        (["--preset", "full", "--override", "recipe.actor.optim.lrr=1e-5"], "did you mean 'lr'"),
+        (["--preset", "tiny", "--set", "nodes=2"], "nodes: preset"),
+        (["--preset", "nope"], "unknown preset"),
+        (["--preset", "full", "--set", "fullnameOverride=" + "x" * 45], "fullnameOverride:"),
+    ],
+)
+def test_render_cli_errors_name_the_key_and_exit_2(capsys, argv, message):
+    assert render_script().main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_python_values_merge_like_helm():
+    """null removes a default, maps merge, lists are replaced -- checked against Helm's own merge."""
+    from k8s_support import chart
+    from dapo.k8s import load_values
+
+    user = {"nodes": None, "head": {"rayStartParams": {"dashboard-host": None, "num-gpus": "0"}, "labels": {"a": "b"}},
+            "worker": {"tolerations": [{"key": "x", "operator": "Exists"}]}, "env": {"A": "1"}}
+    assert load_values(CHART_DIR, [], [], copy.deepcopy(user)) == chart().merge_values(copy.deepcopy(user))
