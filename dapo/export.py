@@ -1,0 +1,411 @@
+"""Turn a training checkpoint into an HF-format model directory that vLLM / Ray Serve LLM can serve.
+
+Layouts understood (``CKPT`` = the run's ``trainer.default_local_dir``):
+
+- **verl FSDP** (the cluster): ``CKPT/latest_checkpointed_iteration.txt`` names the step;
+  ``CKPT/global_step_N/actor/`` holds ``fsdp_config.json`` (``world_size``), one ``model_world_size_W_rank_R.pt``
+  per rank (the sharded state dict: DTensors, or plain replicated tensors) and ``huggingface/`` (config, tokenizer,
+  generation config). The shards are merged here, with torch alone (the evaluation image has no verl): each DTensor
+  is rebuilt from its ranks' local pieces following its device mesh and placements (``Shard(d)``: concatenate along
+  ``d`` in mesh order, ``Replicate``: take one copy), checked against its global shape, cast to ``dtype``
+  (default bfloat16, what verl's own model merger writes) and streamed into ``model-0000i-of-0000n.safetensors``
+  files of at most ``max_shard_bytes`` with a ``model.safetensors.index.json``. Shards are memory-mapped, so a 32B
+  model merges without holding the full-precision shards in RAM. The merged weights equal those of
+  ``python -m verl.model_merger merge --backend fsdp`` (tested against it).
+- **verl with ``hf_model`` in ``checkpoint.save_contents``**: ``actor/huggingface/`` already holds full weights;
+  it is served as is.
+- **an HF directory** (``config.json`` + weights), e.g. the local backend's exported model: served as is.
+
+Step selection: ``latest`` (the tracker file, else the highest ``global_step_N``) or a number. The export is written
+to a temporary sibling directory, completed with a marker file (``.dapo-export.json``), and renamed into place
+atomically: a target with the marker is reused (skipped), a target without it is never overwritten.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+TRACKER = "latest_checkpointed_iteration.txt"
+MARKER = ".dapo-export.json"
+STEP_RE = re.compile(r"^global_step_(\d+)$")
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
+DTYPES = ("bfloat16", "float16", "float32")
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+
+
+class ExportError(RuntimeError):
+    """No usable checkpoint, or a target we must not touch; the message names the directory."""
+
+
+@dataclass
+class ExportResult:
+    # The HF-format directory to serve.
+    path: Path
+    # The training step it comes from (None for a plain HF directory).
+    step: Optional[int]
+    # "merged" (written now), "reused" (an earlier complete export), "as-is" (already HF format).
+    action: str
+    source: Path
+
+
+def has_weights(d: Path) -> bool:
+    return any(any(d.glob(g)) for g in WEIGHT_GLOBS)
+
+
+def is_hf_dir(d: Path) -> bool:
+    return (d / "config.json").is_file() and has_weights(d)
+
+
+def list_steps(ckpt_dir: Path) -> list[int]:
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if p.is_dir() and (m := STEP_RE.match(p.name)))
+
+
+def resolve_step(ckpt_dir: Union[str, Path], step: Union[str, int] = "latest") -> int:
+    """The step to export: ``latest`` (tracker file, else the highest ``global_step_N``) or a given number."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        raise ExportError(f"checkpoint directory {ckpt_dir} does not exist")
+    steps = list_steps(ckpt_dir)
+    if str(step) == "latest":
+        tracker = ckpt_dir / TRACKER
+        if tracker.is_file():
+            text = tracker.read_text().strip()
+            try:
+                n = int(text)
+            except ValueError:
+                raise ExportError(f"{tracker} does not hold a step number (it holds {text[:50]!r})") from None
+            if n not in steps:
+                raise ExportError(
+                    f"{tracker} names step {n}, but {ckpt_dir / f'global_step_{n}'} does not exist "
+                    f"(steps present: {steps or 'none'})"
+                )
+            return n
+        if not steps:
+            raise ExportError(f"no checkpoint in {ckpt_dir}: neither {TRACKER} nor any global_step_N directory")
+        return steps[-1]
+    try:
+        n = int(step)
+    except (TypeError, ValueError):
+        raise ExportError(f"step must be 'latest' or a number, got {step!r}") from None
+    if n not in steps:
+        raise ExportError(f"no checkpoint for step {n} in {ckpt_dir} (steps present: {steps or 'none'})")
+    return n
+
+
+def actor_dir(step_dir: Path) -> Path:
+    return step_dir / "actor" if (step_dir / "actor").is_dir() else step_dir
+
+
+def default_target(ckpt_dir: Path, step: int) -> Path:
+    return ckpt_dir / f"global_step_{step}" / "hf"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# FSDP shard merging
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _merge_dtensor(pieces: list, key: str):
+    """Rebuild the global tensor of one DTensor entry from every rank's piece (``pieces[r]`` from rank ``r``)."""
+    import torch
+
+    ref = pieces[0]
+    mesh = ref.device_mesh.mesh  # tensor of global ranks, one axis per mesh dim
+    placements = tuple(ref.placements)
+    locals_by_rank = {r: p.to_local() if hasattr(p, "to_local") else p._local_tensor for r, p in enumerate(pieces)}
+
+    def build(sub, dim: int):
+        if dim == len(placements):
+            rank = int(sub.item())
+            if rank not in locals_by_rank:
+                raise ExportError(f"{key}: the device mesh names rank {rank}, but only {len(pieces)} shard files exist")
+            return locals_by_rank[rank]
+        parts = [build(sub.select(0, i), dim + 1) for i in range(sub.shape[0])]
+        p = placements[dim]
+        if p.is_replicate():
+            return parts[0]
+        if p.is_shard():
+            return torch.cat(parts, dim=p.dim)
+        raise ExportError(f"{key}: placement {p} on mesh dim {dim} is not supported (only Shard and Replicate)")
+
+    full = build(mesh, 0)
+    if tuple(full.shape) != tuple(ref.shape):
+        raise ExportError(f"{key}: merged shape {tuple(full.shape)} != the DTensor's global shape {tuple(ref.shape)}")
+    return full
+
+
+def merge_fsdp_state_dict(actor: Path) -> tuple[dict, dict]:
+    """Load every rank's shard file (memory-mapped) and return (full state dict, fsdp_config)."""
+    import torch
+
+    cfg_path = actor / "fsdp_config.json"
+    try:
+        fsdp_cfg = json.loads(cfg_path.read_text())
+        world_size = int(fsdp_cfg["world_size"])
+    except FileNotFoundError:
+        raise ExportError(f"{cfg_path} does not exist: {actor} is not a verl FSDP checkpoint") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ExportError(f"{cfg_path}: no usable world_size ({exc})") from None
+    files = [actor / f"model_world_size_{world_size}_rank_{r}.pt" for r in range(world_size)]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ExportError(f"{actor}: world_size {world_size} but shard files are missing: {missing[:5]}")
+    if (actor / "lora_train_meta.json").exists():
+        raise ExportError(f"{actor} is a LoRA checkpoint; merge it with verl's model merger (it writes an adapter)")
+    # unpickling a DTensor's DeviceMesh without process groups makes torch warn once per tensor; harmless here
+    mesh_log = logging.getLogger("torch.distributed.device_mesh")
+    level = mesh_log.level
+    mesh_log.setLevel(logging.ERROR)
+    try:
+        shards = [torch.load(f, map_location="cpu", mmap=True, weights_only=False) for f in files]
+    finally:
+        mesh_log.setLevel(level)
+    keys = list(shards[0].keys())
+    for r, sd in enumerate(shards[1:], start=1):
+        if set(sd.keys()) != set(keys):
+            diff = sorted(set(sd.keys()) ^ set(keys))[:5]
+            raise ExportError(f"{files[r]} holds other keys than rank 0's (e.g. {diff})")
+    if any("lora_" in k for k in keys):
+        raise ExportError(f"{actor} holds LoRA weights; merge it with verl's model merger (it writes an adapter)")
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5
+        from torch.distributed._tensor import DTensor
+    merged = {}
+    for key in keys:
+        pieces = [sd[key] for sd in shards]
+        if isinstance(pieces[0], DTensor):
+            merged[key] = _merge_dtensor(pieces, key)
+        elif isinstance(pieces[0], torch.Tensor):
+            # FSDP only makes DTensors of what it shards; plain entries are replicated on every rank
+            for r, p in enumerate(pieces[1:], start=1):
+                if p.shape != pieces[0].shape or not torch.equal(p, pieces[0]):
+                    raise ExportError(f"{key}: plain (replicated) entry differs between rank 0 and rank {r}")
+            merged[key] = pieces[0]
+        else:
+            raise ExportError(f"{key}: unsupported entry type {type(pieces[0]).__name__} in {files[0]}")
+    return merged, fsdp_cfg
+
+
+def write_safetensors(state: dict, out: Path, dtype: str, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
+    """Cast floating tensors to ``dtype`` and write HF-style (sharded) safetensors + index. Returns file names."""
+    import torch
+    from safetensors.torch import save_file
+
+    tdtype = getattr(torch, dtype)
+    names: list[str] = []
+    weight_map: dict[str, str] = {}
+    total = 0
+    part: dict = {}
+    part_bytes = 0
+
+    def flush() -> None:
+        nonlocal part, part_bytes
+        if not part:
+            return
+        name = f"part-{len(names):05d}.tmp.safetensors"
+        save_file(part, str(out / name), metadata={"format": "pt"})
+        for k in part:
+            weight_map[k] = name
+        names.append(name)
+        part, part_bytes = {}, 0
+
+    for key in sorted(state):
+        t = state[key]
+        if t.is_floating_point():
+            t = t.to(tdtype)
+        t = t.contiguous().clone()  # own storage: detached from the mmap'd shard and from tied siblings
+        nbytes = t.numel() * t.element_size()
+        if part and part_bytes + nbytes > max_shard_bytes:
+            flush()
+        part[key] = t
+        part_bytes += nbytes
+        total += nbytes
+    flush()
+    if len(names) == 1:
+        final = {names[0]: "model.safetensors"}
+    else:
+        final = {n: f"model-{i + 1:05d}-of-{len(names):05d}.safetensors" for i, n in enumerate(names)}
+    for old, new in final.items():
+        os.replace(out / old, out / new)
+    if len(names) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": {k: final[v] for k, v in sorted(weight_map.items())}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return sorted(final.values())
+
+
+def _copy_hf_metadata(src: Path, out: Path, dtype: str) -> dict:
+    """Config, tokenizer, generation config, chat template, remote code: everything in ``huggingface/`` except
+    weights. The config's dtype is set to the exported one."""
+    if not (src / "config.json").is_file():
+        raise ExportError(f"{src / 'config.json'} does not exist: the checkpoint has no HF config to export with")
+    for p in src.iterdir():
+        if p.is_file() and not any(p.match(g) for g in WEIGHT_GLOBS) and p.name != "model.safetensors.index.json":
+            shutil.copy2(p, out / p.name)
+    config = json.loads((out / "config.json").read_text())
+    for key in ("torch_dtype", "dtype"):
+        if key in config or key == "torch_dtype":
+            config[key] = dtype
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return config
+
+
+def merge_verl_fsdp(actor: Path, out: Path, dtype: str = "bfloat16", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES):
+    """Merge ``actor/`` (a verl FSDP checkpoint) into ``out`` (must exist, empty)."""
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    config = _copy_hf_metadata(actor / "huggingface", out, dtype)
+    state, _ = merge_fsdp_state_dict(actor)
+    if config.get("tie_word_embeddings") and "lm_head.weight" in state:
+        # tied: the HF loader (and vLLM) take the output projection from the embedding
+        del state["lm_head.weight"]
+    return write_safetensors(state, out, dtype, max_shard_bytes)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Atomic export
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _fsync_tree(d: Path) -> None:
+    for p in sorted(d.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    for p in [d, d.parent]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _clean_stale_tmp(target: Path) -> None:
+    """Remove temp dirs of earlier exports to ``target`` from this host whose process is gone."""
+    host = socket.gethostname()
+    for p in target.parent.glob(f".{target.name}.tmp-*"):
+        m = re.match(rf"^\.{re.escape(target.name)}\.tmp-(.+)-(\d+)$", p.name)
+        if not m or m.group(1) != host:
+            continue
+        try:
+            os.kill(int(m.group(2)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+def _read_marker(target: Path) -> Optional[dict]:
+    try:
+        return json.loads((target / MARKER).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def export_checkpoint(
+    checkpoint_dir: Union[str, Path],
+    step: Union[str, int] = "latest",
+    target: Union[str, Path, None] = None,
+    *,
+    dtype: str = "bfloat16",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    log=print,
+) -> ExportResult:
+    """Resolve the step, then merge (or reuse) an HF-format model for it. See the module docstring."""
+    ckpt = Path(checkpoint_dir)
+    if is_hf_dir(ckpt):
+        return ExportResult(ckpt, None, "as-is", ckpt)
+    n = resolve_step(ckpt, step)
+    step_dir = ckpt / f"global_step_{n}"
+    actor = actor_dir(step_dir)
+    hf = actor / "huggingface"
+    if is_hf_dir(step_dir):
+        return ExportResult(step_dir, n, "as-is", step_dir)
+    if is_hf_dir(hf):
+        log(f"[export] {hf} already holds full HF weights (hf_model in save_contents): serving it as is")
+        return ExportResult(hf, n, "as-is", actor)
+    if not (actor / "fsdp_config.json").is_file():
+        raise ExportError(
+            f"{step_dir} is neither a verl FSDP checkpoint (no actor/fsdp_config.json) nor an HF model directory "
+            f"(config.json + weights); contents: {sorted(p.name for p in step_dir.iterdir())[:10]}"
+        )
+    out = Path(target) if target else default_target(ckpt, n)
+    marker = _read_marker(out)
+    if marker is not None:
+        if marker.get("step") != n or Path(marker.get("source", "")).resolve() != actor.resolve():
+            raise ExportError(
+                f"{out} holds an export of {marker.get('source')} step {marker.get('step')}, not of {actor} step {n}; "
+                "choose another target"
+            )
+        log(f"[export] {out} is a complete export of step {n}: reusing it")
+        return ExportResult(out, n, "reused", actor)
+    if out.exists():
+        raise ExportError(
+            f"{out} exists but has no completion marker ({MARKER}): it is not a finished export of ours; "
+            "remove it or choose another target"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale_tmp(out)
+    tmp = out.parent / f".{out.name}.tmp-{socket.gethostname()}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        log(f"[export] merging {actor} (step {n}) into {out} as {dtype}")
+        files = merge_verl_fsdp(actor, tmp, dtype, max_shard_bytes)
+        (tmp / MARKER).write_text(
+            json.dumps(
+                {
+                    "source": str(actor.resolve()),
+                    "step": n,
+                    "dtype": dtype,
+                    "weights": files,
+                    "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                    "host": socket.gethostname(),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        _fsync_tree(tmp)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if _read_marker(out) is not None:  # a concurrent export finished first
+                shutil.rmtree(tmp, ignore_errors=True)
+                return ExportResult(out, n, "reused", actor)
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"[export] wrote {out} ({len(files)} weight file(s))")
+    return ExportResult(out, n, "merged", actor)
+
+
+def main_args(args) -> int:
+    try:
+        res = export_checkpoint(args.checkpoint_dir, args.step, args.hf_dir, dtype=args.dtype)
+    except ExportError as exc:
+        print(f"export: error: {exc}")
+        return 1
+    print(json.dumps({"path": str(res.path), "step": res.step, "action": res.action}))
+    return 0
+
+
+def add_export_args(p: Any, *, required: bool = True) -> None:
+    p.add_argument("--checkpoint-dir", required=required,
+                   help="the run's checkpoint directory (trainer.default_local_dir), a global_step_N's parent")
+    p.add_argument("--step", default="latest", help="'latest' (default) or a step number")
+    p.add_argument("--hf-dir", default=None, help="where to write the HF model (default CKPT/global_step_N/hf)")
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="dtype of the exported weights")
