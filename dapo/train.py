@@ -7,7 +7,8 @@ the backend the preset's placement names:
 - ``placement.backend: verl``  -> :mod:`dapo.backends.verl` (verl worker groups on Ray)
 
 Overrides: ``recipe.…``, ``placement.…``, ``local.…`` keys address the preset (validated strictly). Any other
-``key=value`` is passed verbatim to verl's Hydra config (verl backend only; Hydra rejects unknown keys).
+``key=value`` is passed verbatim to verl's Hydra config (verl backend only; Hydra rejects unknown keys, and a key
+the preset owns -- e.g. ``trainer.nnodes`` -- is rejected with the preset key to use, here ``placement.nodes``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dapo train",
         description="Train with a DAPO preset. Overrides: recipe.actor.optim.lr=1e-5 (preset keys) or "
-        "verl Hydra keys (verl backend), e.g. trainer.nnodes=2.",
+        "verl Hydra keys the preset does not own (verl backend), e.g. trainer.log_val_generations=10. "
+        "--dry-run on a verl preset prints the resolved, validated verl config without starting Ray.",
     )
     p.add_argument("--preset", default="tiny", help=f"preset name ({', '.join(list_presets())}) or a YAML path")
     p.add_argument("overrides", nargs="*", help="key=value overrides")

@@ -303,7 +303,9 @@ class VerlBackend(Backend):
             overlong_enable=ob.enable,
         )
         place_scores(data, scored["reward"])
+        prompt_len = data.batch["prompts"].shape[-1]
         stats: dict[str, np.ndarray] = {
+            "prompt_length": data.batch["attention_mask"][:, :prompt_len].sum(-1).cpu().numpy().astype(np.float64),
             "reward": np.asarray(scored["reward"], dtype=np.float64),
             "score": np.asarray(scored["score"], dtype=np.float64),
             "acc": np.asarray(scored["acc"], dtype=bool),
