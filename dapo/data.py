@@ -376,11 +376,6 @@ def _scan_table(table: pa.Table, path: str) -> _Scanner:
     return sc
 
 
-def inspect_table(table: pa.Table, path: str = "<table>") -> FileReport:
-    """Validate and summarise an in-memory table (no checksum)."""
-    return _scan_table(table, path).report()
-
-
 def check_aime(report: FileReport) -> list[Problem]:
     """AIME-2024 as DAPO evaluates it: 30 problems x 32 repeats = 960 rows (avg@32 from one sample per row)."""
     out = []
