@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -477,12 +478,29 @@ def to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-def runtime_env(cfg: Any) -> dict[str, Any]:
-    """The Ray runtime env for the job: verl's PPO defaults merged with ``ray_kwargs.ray_init.runtime_env``."""
+def runtime_env(cfg: Any, environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """The runtime env for ``ray.init``: verl's PPO defaults merged with ``ray_kwargs.ray_init.runtime_env``.
+
+    Inside a Ray job (a KubeRay RayJob) the job's own runtime env is already in ``environ`` and Ray refuses a driver
+    runtime env that repeats any of its variables (even with the same value). Variables the job already sets are
+    therefore left out; one it sets to a *different* value than this config wants is a :class:`ConfigError`.
+    """
     from omegaconf import OmegaConf
 
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
+    environ = dict(os.environ) if environ is None else environ
     merged = OmegaConf.merge(get_ppo_ray_runtime_env(cfg), cfg.ray_kwargs.ray_init.get("runtime_env", {}))
-    out = OmegaConf.to_container(merged, resolve=True)
-    return {k: v for k, v in out.items() if v is not None}
+    out = {k: v for k, v in OmegaConf.to_container(merged, resolve=True).items() if v is not None}
+    wanted = dict(OmegaConf.to_container(cfg.ray_kwargs.ray_init.get("runtime_env", {}) or {}).get("env_vars") or {})
+    env_vars = dict(out.get("env_vars") or {})
+    for key in list(env_vars):
+        if key in environ:
+            if key in wanted and str(environ[key]) != str(wanted[key]):
+                raise ConfigError(
+                    f"the Ray job's environment sets {key}={environ[key]!r} but this run needs {key}={wanted[key]!r} "
+                    f"(placement.env / the DAPO loss registration); drop it from the job's runtime env"
+                )
+            env_vars.pop(key)
+    out["env_vars"] = env_vars
+    return out

@@ -167,9 +167,18 @@ def test_token_mean_scope_microbatch_selects_the_reference_loss(resolved):
 
 
 def test_runtime_env_carries_the_recipe_env_and_the_loss_module(resolved):
-    env = verl_config.runtime_env(resolved["full"].cfg)["env_vars"]
+    env = verl_config.runtime_env(resolved["full"].cfg, environ={})["env_vars"]
     assert env["VLLM_USE_V1"] == "1" and env["TORCH_NCCL_AVOID_RECORD_STREAMS"] == "1"
     assert env["VERL_USE_EXTERNAL_MODULES"] == "dapo.backends.verl_loss"
+
+
+def test_runtime_env_leaves_out_what_the_ray_job_already_sets_and_refuses_a_contradiction(resolved):
+    cfg = resolved["full"].cfg
+    # inside a RayJob whose runtime env already has the preset env: Ray rejects repeated keys, so they are dropped
+    env = verl_config.runtime_env(cfg, environ={"VLLM_USE_V1": "1", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"})
+    assert "VLLM_USE_V1" not in env["env_vars"] and env["env_vars"]["VERL_USE_EXTERNAL_MODULES"]
+    with pytest.raises(ConfigError, match="VLLM_USE_V1='0'.*VLLM_USE_V1='1'"):
+        verl_config.runtime_env(cfg, environ={"VLLM_USE_V1": "0"})
 
 
 def test_passthrough_overrides_reach_verl(resolved):

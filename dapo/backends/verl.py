@@ -473,12 +473,11 @@ class RayWorkers:
     """
 
     def __init__(self, cfg: Any, total_training_steps: int):
-        from omegaconf import open_dict
+        from omegaconf import OmegaConf, open_dict
 
         from verl.trainer.main_ppo_v0 import BaseTaskRunner
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer
         from verl.utils.config import omega_conf_to_dataclass
-        from verl.workers.config import HFModelConfig
 
         class _DapoRayTrainer(RayPPOTrainer):
             def _create_dataloader(self, *args: Any, **kwargs: Any) -> None:
@@ -486,12 +485,15 @@ class RayWorkers:
                 with open_dict(self.config):
                     self.config.actor_rollout_ref.actor.optim.total_training_steps = total_training_steps
 
+        OmegaConf.resolve(cfg)  # as verl's TaskRunner.run does before building anything
         runner = BaseTaskRunner()
         _, wg_cls = runner.add_actor_rollout_worker(cfg)
         runner.add_reward_model_resource_pool(cfg)
         pool = runner.init_resource_pool_mgr(cfg)
-        model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig)
+        model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
         self.tokenizer = model_config.tokenizer
+        gen_eos = getattr(model_config.generation_config, "eos_token_id", None)
+        self.eos_token_ids = set(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos] if gen_eos is not None else [])
         self.trainer = _DapoRayTrainer(
             config=cfg,
             tokenizer=self.tokenizer,
@@ -614,7 +616,7 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     val_rows = _read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
     total_steps = preset.recipe.trainer.total_training_steps or _steps_for(preset, len(train_rows))
     workers = RayWorkers(cfg, total_steps)
-    backend = VerlBackend(cfg, preset, workers, workers.tokenizer)
+    backend = VerlBackend(cfg, preset, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
     run_dir = str(cfg.trainer.default_local_dir)
     loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False))
     try:
