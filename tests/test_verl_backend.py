@@ -290,7 +290,7 @@ def test_update_sends_token_level_advantages_and_masks_filtered_responses(backen
     with pytest.raises(RuntimeError, match="compute_old_log_probs"):
         backend.update(r, np.zeros(len(r)))
     m = backend.compute_old_log_probs(r)
-    assert {"actor/entropy", "actor/mean_prob", "timing_s/old_log_prob"} <= set(m)
+    assert {"actor/entropy", "actor/mean_prob", "timing_s/agent_loop/x"} <= set(m)
     assert m["actor/mean_prob"] == pytest.approx(float((r.data.batch["old_log_probs"].exp() * r.data.batch[
         "response_mask"]).sum() / r.data.batch["response_mask"].sum()), rel=1e-5)  # fmt: skip
     r.data.non_tensor_batch["row_tag"] = np.arange(len(r))

@@ -252,9 +252,7 @@ class VerlBackend(Backend):
             "validate": validate,
             "global_steps": self.step,
         })  # fmt: skip
-        t0 = time.perf_counter()
         out = self.workers.generate_sequences(gen_batch.repeat(repeat_times=n, interleave=True), validate=validate)
-        self._note("timing_s/gen", time.perf_counter() - t0)
         out = self._own_output(out)
         data = batch.repeat(repeat_times=n, interleave=True).union(out)
         data.pop(batch_keys=["dummy_tensor"])
@@ -268,8 +266,8 @@ class VerlBackend(Backend):
         rollouts concat cleanly and our reward is the only ``token_level_scores``."""
         extra = list(out.meta_info.get("reward_extra_keys", []) or [])
         timing = out.meta_info.get("timing") or {}
-        for k, v in timing.items():
-            self._note(f"timing_s/{k}" if not k.startswith(("timing", "agent_loop")) else k, float(v))
+        for k, v in timing.items():  # verl's agent-loop statistics (per-request min/max/mean), verl's names
+            self._note(f"timing_s/{k}", float(v))
         if "rm_scores" in out.batch.keys():
             out.batch["verl_rm_scores"] = out.batch.pop("rm_scores")
         for k in extra:
@@ -332,9 +330,11 @@ class VerlBackend(Backend):
         self._pending.setdefault(key, []).append(float(value))
 
     def _flush_notes(self) -> dict[str, float]:
+        """Generation-side metrics since the last step, reduced over its generation batches."""
         out = {}
         for k, vals in self._pending.items():
-            out[k] = float(np.sum(vals)) if k.startswith("timing") else float(np.mean(vals))
+            reduce = np.max if k.endswith("/max") else np.min if k.endswith("/min") else np.mean
+            out[k] = float(reduce(vals))
         self._pending = {}
         return out
 
@@ -379,9 +379,7 @@ class VerlBackend(Backend):
             if k in data.batch.keys():
                 data.batch.pop(k)
         data.meta_info["global_token_num"] = torch.sum(data.batch["attention_mask"], dim=-1).tolist()
-        t0 = time.perf_counter()
         out = self.workers.compute_log_prob(data)
-        elapsed = time.perf_counter() - t0
         old, ent = out.batch["old_log_probs"].float(), out.batch["entropys"].float()
         mask = data.batch["response_mask"]
         if old.shape != mask.shape:
@@ -391,7 +389,6 @@ class VerlBackend(Backend):
         metrics.update({
             "actor/entropy": float(agg_loss(ent, mask, self.recipe.actor.loss_agg_mode)),
             "actor/mean_prob": float(masked_mean(old.exp(), mask)),
-            "timing_s/old_log_prob": elapsed,
         })  # fmt: skip
         return metrics
 
@@ -421,9 +418,7 @@ class VerlBackend(Backend):
             order, bal = balance_order(upd.batch["attention_mask"], int(self.workers.dp_size))
             upd.reorder(torch.as_tensor(order))
             metrics.update(bal)
-        t0 = time.perf_counter()
         metrics.update(self.workers.update_actor(upd))
-        metrics["timing_s/update_actor"] = time.perf_counter() - t0
         self.step += 1
         t0 = time.perf_counter()
         self.workers.sync_weights(self.step)
