@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,8 +17,26 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
+
+TRAIN = DOCKER / "Dockerfile"
+EVAL = DOCKER / "Dockerfile.eval"
+REPRO_ARGS = DOCKER / "repro.args"
+VALUES = ROOT / "charts" / "dapo" / "values.yaml"
+REFERENCE_VERL_COMMIT = "4f80e465c2ec79ab9c3c30ec74b9745de61d0490"
+
+# stack -> (Dockerfile, build arguments (None: read docker/repro.args), constraints file)
+STACKS = {
+    "train": (TRAIN, {}, DOCKER / "constraints.txt"),
+    "train-repro": (TRAIN, None, DOCKER / "constraints-repro.txt"),  # build args from docker/repro.args
+    "eval": (EVAL, {}, DOCKER / "constraints-eval.txt"),
+}
 
 # Where each Dockerfile copies its constraints file to (COPY ${CONSTRAINTS} <this>); pip gets `-c <this>`.
 IMAGE_CONSTRAINTS_PATH = "/opt/dapo/constraints.txt"
@@ -296,5 +315,18 @@ def apt_installs(df: Dockerfile) -> list[tuple[Instruction, list[str], list[str]
     return found
 
 
-def requirement_of(token: str) -> Requirement:
-    return Requirement(token)
+# --------------------------------------------------------------------------------------------------------------
+# the three stacks
+
+
+def stack_args(stack: str) -> dict[str, str]:
+    path, args, _ = STACKS[stack]
+    return read_args_file(REPRO_ARGS) if args is None else args
+
+
+def stack_dockerfile(stack: str) -> "Dockerfile":
+    return parse_dockerfile(STACKS[stack][0], stack_args(stack))
+
+
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -12,7 +12,6 @@ import os
 import re
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,16 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from docker_stack import (
     DOCKER,
+    EVAL,
+    REFERENCE_VERL_COMMIT,
+    REPRO_ARGS,
+    STACKS,
+    TRAIN,
+    VALUES,
+    pyproject,
+    stack_dockerfile,
     IMAGE_CONSTRAINTS_PATH,
     ROOT,
     StackError,
@@ -40,38 +42,12 @@ from docker_stack import (
     read_constraints,
 )
 
-TRAIN = DOCKER / "Dockerfile"
-EVAL = DOCKER / "Dockerfile.eval"
-REPRO_ARGS = DOCKER / "repro.args"
-VALUES = ROOT / "charts" / "dapo" / "values.yaml"
-REFERENCE_VERL_COMMIT = "4f80e465c2ec79ab9c3c30ec74b9745de61d0490"
-
-# (Dockerfile, build arguments, constraints file, Python the stack runs on)
-STACKS = {
-    "train": (TRAIN, {}, DOCKER / "constraints.txt"),
-    "train-repro": (TRAIN, None, DOCKER / "constraints-repro.txt"),  # build args from docker/repro.args
-    "eval": (EVAL, {}, DOCKER / "constraints-eval.txt"),
-}
-
 # apt policy: packages of the base image's own Ubuntu release are NOT version-pinned. Ubuntu's archive keeps only
 # the current version of a package in -updates/-security, so `pkg=version` pins break the build at the next
 # security update; their versions are fixed by the pinned base image tag and recorded in /opt/dapo/dpkg.txt of each
 # image. Only these names may be installed that way; anything else needs `pkg=version`.
 APT_UNPINNED_BY_POLICY = {"ca-certificates", "git", "wget"}
 APT_PYTHON = re.compile(r"^python3\.\d+(-dev|-venv)?$")
-
-
-def stack_args(stack: str) -> dict[str, str]:
-    path, args, _ = STACKS[stack]
-    return read_args_file(REPRO_ARGS) if args is None else args
-
-
-def stack_dockerfile(stack: str):
-    return parse_dockerfile(STACKS[stack][0], stack_args(stack))
-
-
-def pyproject() -> dict:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def makefile_var(name: str) -> str:
