@@ -506,6 +506,7 @@ def summarize(
     records: dict[int, dict],
     stats: RunStats,
     out_dir: Path,
+    extra: Optional[dict] = None,
 ) -> dict:
     """Verify every answer, write ``results.parquet`` (the test rows + ``output`` + ``res`` like the DAPO script, plus
     per-row columns) and ``summary.json``; return the summary."""
@@ -549,6 +550,7 @@ def summarize(
         "config": {
             **{k_: v for k_, v in dataclasses.asdict(cfg).items() if k_ != "api_key"},
             "test_file": str(test_file),
+            **(extra or {}),
         },
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -646,8 +648,10 @@ def evaluate(
     wandb_run_name: Optional[str] = None,
     transport=None,
     progress: bool = True,
+    extra: Optional[dict] = None,
 ) -> dict:
-    """Run (or resume) the evaluation and write the reports; returns the summary. Raises EvalError."""
+    """Run (or resume) the evaluation and write the reports; returns the summary (``extra`` is recorded in its
+    ``config``). Raises EvalError."""
     test_file = Path(test_file)
     out_dir = Path(output)
     if wandb_project or os.environ.get("WANDB_PROJECT"):
@@ -684,7 +688,7 @@ def evaluate(
         stats = asyncio.run(run_requests(cfg, rows, responses, out_dir, progress=reporter, transport=transport))
         if reporter:
             reporter.close()
-        summary = summarize(cfg, test_file, df, rows, responses.records, stats, out_dir)
+        summary = summarize(cfg, test_file, df, rows, responses.records, stats, out_dir, extra)
     finally:
         responses.close()
     log_wandb(summary, wandb_project, wandb_run_name)

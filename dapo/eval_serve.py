@@ -63,6 +63,9 @@ class ServeConfig:
     # HTTP proxy address (Serve's proxies listen here).
     host: str = "0.0.0.0"
     port: int = 8000
+    # Where Serve runs HTTP proxies: "HeadOnly" (the head pod's service, and the eval job's driver on the head,
+    # reach it), or "EveryNode" (nodes with replicas).
+    proxy_location: Literal["HeadOnly", "EveryNode"] = "HeadOnly"
 
     def validate(self) -> None:
         if not self.model_id or not self.model_id.strip():
@@ -75,6 +78,8 @@ class ServeConfig:
             raise ServeError(f"max_model_len must be >= 16 (or unset), got {self.max_model_len}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ServeError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.proxy_location not in ("HeadOnly", "EveryNode"):
+            raise ServeError(f"proxy_location must be HeadOnly or EveryNode, got {self.proxy_location!r}")
         if self.replicas != "auto" and (not isinstance(self.replicas, int) or self.replicas < 1):
             raise ServeError(f"replicas must be a positive integer or 'auto', got {self.replicas!r}")
         local = Path(self.model)
@@ -197,7 +202,7 @@ def build_app(args: dict[str, Any]):
 
 def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None, temp_dir: Optional[str] = None) -> None:
     """Connect to a cluster (``address`` / ``RAY_ADDRESS``) or start a local one (tests: ``num_cpus``, a fresh
-    ``temp_dir``, loopback only, no dashboard)."""
+    ``temp_dir``, no dashboard)."""
     import ray
 
     if ray.is_initialized():
@@ -206,7 +211,7 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None, temp
     if address:
         ray.init(address=address)
         return
-    kwargs: dict[str, Any] = {"include_dashboard": False, "_node_ip_address": "127.0.0.1"}
+    kwargs: dict[str, Any] = {"include_dashboard": False}
     if num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
     if temp_dir:
@@ -221,7 +226,7 @@ def start(cfg: ServeConfig) -> str:
     cfg.validate()
     gpus = _cluster_gpus()
     app = build_application(cfg, gpus)
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    serve.start(proxy_location=cfg.proxy_location, http_options={"host": cfg.host, "port": cfg.port})
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
     return f"http://{host}:{cfg.port}/v1"
@@ -263,6 +268,8 @@ def add_serve_args(p, *, model_required: bool = True) -> None:
     p.add_argument("--cpu-kvcache-gib", type=int, default=1)
     p.add_argument("--host", default="0.0.0.0", help="Serve HTTP host")
     p.add_argument("--port", type=int, default=8000, help="Serve HTTP port")
+    p.add_argument("--proxy-location", choices=["HeadOnly", "EveryNode"], default="HeadOnly",
+                   help="where Serve runs its HTTP proxies")
     p.add_argument("--address", default=None, help="Ray cluster address (default: $RAY_ADDRESS or a local cluster)")
     p.add_argument("--num-cpus", type=int, default=None, help="local cluster only: CPUs to give Ray")
     p.add_argument("--ray-temp-dir", default=None, help="local cluster only: Ray temp dir")
@@ -294,6 +301,7 @@ def config_from_args(args, model: Optional[str] = None, model_id: Optional[str] 
         engine_kwargs=extra,
         host=args.host,
         port=args.port,
+        proxy_location=args.proxy_location,
     )
 
 

@@ -344,3 +344,50 @@ def test_sigkill_mid_run_then_rerun_has_every_row_exactly_once(tmp_path):
     assert sorted(rows) == list(range(40)), "each row exactly once"
     assert (out / RESPONSES).read_bytes().startswith(first_part.rsplit(b"\n", 1)[0])
     assert len(srv.requests) <= 40 + 2, "only the rows in flight at the kill may be asked twice"
+
+
+def test_eval_run_exports_serves_evaluates_and_tears_down(tmp_path, monkeypatch):
+    """`dapo eval run` (the chart's eval job) with the serving layer replaced by the fake endpoint: step selection,
+    model id, preset defaults vs explicit flags, and teardown even when the client fails."""
+    from dapo import eval_serve, evaluate
+
+    make_parquet(tmp_path / "aime.parquet")
+    ckpt = tmp_path / "DAPO-Qwen2.5-32B"
+    for step in (5, 10):  # HF weights already in the step dir: served as is
+        (ckpt / f"global_step_{step}").mkdir(parents=True)
+        (ckpt / f"global_step_{step}" / "config.json").write_text("{}")
+        (ckpt / f"global_step_{step}" / "model.safetensors").write_bytes(b"")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("10")
+    calls = {}
+
+    def start(cfg):
+        calls["serve"] = cfg
+        return srv.url + "/v1"
+
+    monkeypatch.setattr(eval_serve, "init_ray", lambda *a, **k: calls.setdefault("init", a))
+    monkeypatch.setattr(eval_serve, "start", start)
+    monkeypatch.setattr(eval_serve, "stop", lambda shutdown_ray=True: calls.setdefault("stops", []).append(1))
+
+    with FakeOpenAI(solver, model="DAPO-Qwen2.5-32B-step10") as srv:
+        rc = evaluate.main(
+            ["run", "--checkpoint-dir", str(ckpt), "--step", "latest", "--test-file", str(tmp_path / "aime.parquet"),
+             "--output", str(tmp_path / "out"), "--preset", "full", "--top-p", "0.9", "--no-progress"]
+        )  # fmt: skip
+    assert rc == 0
+    served = calls["serve"]
+    assert served.model_id == "DAPO-Qwen2.5-32B-step10" and served.model == str(ckpt / "global_step_10")
+    # from the preset: TP 4 and a 2048 + 20480 context; the explicit --top-p wins over the preset's 0.7
+    assert served.tensor_parallel_size == 4 and served.max_model_len == 22528
+    assert {b["top_p"] for b in srv.requests} == {0.9} and {b["max_completion_tokens"] for b in srv.requests} == {20480}
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["config"]["checkpoint"]["step"] == 10 and summary["complete"]
+    assert calls["stops"] == [1]
+
+    with FakeOpenAI(solver, model="something-else") as srv:
+        rc = evaluate.main(
+            ["run", "--checkpoint-dir", str(ckpt), "--step", "5", "--test-file", str(tmp_path / "aime.parquet"),
+             "--output", str(tmp_path / "out5"), "--wait-timeout", "0.3", "--no-progress"]
+        )  # fmt: skip
+    assert rc == 1 and calls["serve"].model_id == "DAPO-Qwen2.5-32B-step5" and calls["stops"] == [1, 1]
+    assert evaluate.main(["run", "--checkpoint-dir", str(tmp_path / "none"), "--test-file",
+                          str(tmp_path / "aime.parquet")]) == 1  # fmt: skip

