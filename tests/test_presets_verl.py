@@ -236,6 +236,9 @@ def test_heads_are_read_from_a_local_model_config_json(tmp_path):
     ok = verl_config.resolve(load_preset("full", [f"recipe.model.path={tmp_path}", "placement.parallel.ulysses_sp=4",
                                                   "placement.parallel.rollout_tp=4"]))
     assert ok.notes == []
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 12, "num_key_value_heads": 3}))
+    with pytest.raises(ConfigError, match=r"ulysses_sp.*\(4\) and the model's 3 KV heads must divide one another"):
+        verl_config.resolve(load_preset("full", [f"recipe.model.path={tmp_path}", "placement.parallel.ulysses_sp=4"]))
 
 
 def test_unknown_remote_model_skips_head_checks_and_says_so():
