@@ -14,7 +14,10 @@ Layouts understood (``CKPT`` = the run's ``trainer.default_local_dir``):
   ``python -m verl.model_merger merge --backend fsdp`` (tested against it).
 - **verl with ``hf_model`` in ``checkpoint.save_contents``**: ``actor/huggingface/`` already holds full weights;
   it is served as is.
-- **an HF directory** (``config.json`` + weights), e.g. the local backend's exported model: served as is.
+- **the local backend** (``dapo train`` with ``placement.backend: local``): ``RUN/checkpoints/global_step_N/actor/``
+  is an HF directory, complete when ``global_step_N/COMPLETE`` exists; served as is. ``--checkpoint-dir`` may name
+  ``RUN`` or ``RUN/checkpoints``.
+- **an HF directory** (``config.json`` + weights): served as is.
 
 Step selection: ``latest`` (the tracker file, else the highest ``global_step_N``) or a number. The export is written
 to a temporary sibling directory, completed with a marker file (``.dapo-export.json``), and renamed into place
@@ -326,12 +329,18 @@ def export_checkpoint(
     ckpt = Path(checkpoint_dir)
     if is_hf_dir(ckpt):
         return ExportResult(ckpt, None, "as-is", ckpt)
+    if not list_steps(ckpt) and not (ckpt / TRACKER).exists() and (ckpt / "checkpoints").is_dir():
+        ckpt = ckpt / "checkpoints"  # a local-backend run directory
     n = resolve_step(ckpt, step)
     step_dir = ckpt / f"global_step_{n}"
     actor = actor_dir(step_dir)
     hf = actor / "huggingface"
+    if (step_dir / "loop_state.pt").exists() and not (step_dir / "COMPLETE").exists():
+        raise ExportError(f"{step_dir} is an incomplete local-backend checkpoint (no COMPLETE marker)")
     if is_hf_dir(step_dir):
         return ExportResult(step_dir, n, "as-is", step_dir)
+    if is_hf_dir(actor):
+        return ExportResult(actor, n, "as-is", actor)
     if is_hf_dir(hf):
         log(f"[export] {hf} already holds full HF weights (hf_model in save_contents): serving it as is")
         return ExportResult(hf, n, "as-is", actor)

@@ -224,3 +224,21 @@ def test_an_hf_directory_is_served_as_is(tmp_path):
     (d / "model.safetensors").write_bytes(b"")
     res = export_checkpoint(d, log=lambda *_: None)
     assert res.action == "as-is" and res.path == d
+
+
+def test_local_backend_checkpoints_are_served_as_is(tmp_path):
+    """dapo.checkpoint's layout: RUN/checkpoints/global_step_N/{actor (HF dir), COMPLETE} + the pointer file."""
+    root = tmp_path / "run" / "checkpoints"
+    for step, complete in ((2, True), (4, True), (6, False)):
+        actor = root / f"global_step_{step}" / "actor"
+        actor.mkdir(parents=True)
+        (actor / "config.json").write_text("{}")
+        (actor / "model.safetensors").write_bytes(b"")
+        (root / f"global_step_{step}" / "loop_state.pt").write_bytes(b"")
+        if complete:
+            (root / f"global_step_{step}" / "COMPLETE").write_text("")
+    (root / "latest_checkpointed_iteration.txt").write_text("4")
+    res = export_checkpoint(tmp_path / "run", "latest", log=lambda *_: None)  # the run dir is accepted too
+    assert res.action == "as-is" and res.step == 4 and res.path == root / "global_step_4" / "actor"
+    with pytest.raises(ExportError, match="incomplete local-backend checkpoint"):
+        export_checkpoint(root, 6, log=lambda *_: None)
