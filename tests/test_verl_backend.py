@@ -356,6 +356,12 @@ def test_the_dapo_loop_runs_and_resumes_on_the_verl_backend_over_the_stand_in(se
     assert any(c == ("generate", 5, True) for c in workers.calls)  # validation with the val sampling
     saves = [c for c in workers.calls if c[0] == "save"]
     assert [c[2] for c in saves] == [1, 2]
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["step"] > 0 and "actor/pg_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["reward/verl_agreement"] == 1.0 and r["train/kept_group_ratio"] < 1.0 for r in steps)
     # a restarted job with more steps continues from the step-2 checkpoint
     longer = load_preset("smoke", SMALL + ["recipe.trainer.total_training_steps=3"])
     workers2 = CpuStandInWorkers(cfg, tok)
