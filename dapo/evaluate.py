@@ -92,7 +92,9 @@ def _run_parser(sub) -> None:
     p.add_argument("--model-id", default=None, help="served model name (default <run dir name>-step<N>)")
     p.add_argument("--preset", default=None, help="take sampling / TP / paths defaults from this preset")
     p.add_argument("--test-file", "--test_file", dest="test_file", default=None)
-    p.add_argument("--output", default=None, help="output directory (default eval_aime24_<model id>)")
+    p.add_argument("--output", default=None,
+                   help="results go to OUTPUT/global_step_N (one directory per step; rerun to resume); "
+                   "default eval_aime24_<model id>")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-p", "--top_p", dest="top_p", type=float, default=None)
     p.add_argument("--max-tokens", "--max_tokens", dest="max_tokens", type=int, default=None)
@@ -152,7 +154,7 @@ def run_main(args: argparse.Namespace) -> int:
             "temperature": DAPO_TEMPERATURE,
             "top_p": DAPO_TOP_P,
             "max_tokens": DAPO_MAX_TOKENS,
-            "tensor_parallel_size": 1,
+            "tensor_parallel_size": "auto",
         },
     )
     if not args.checkpoint_dir:
@@ -181,10 +183,13 @@ def run_main(args: argparse.Namespace) -> int:
     except (eval_serve.ServeError, eval_client.EvalError) as exc:
         print(f"dapo eval run: {exc}", file=sys.stderr)
         return 2
-    output = Path(args.output) if args.output else eval_client.default_output(model_id)
+    # one subdirectory per evaluated step, so evaluating another step never mixes answers
+    sub = f"global_step_{exported.step}" if exported.step is not None else model_id
+    output = Path(args.output) / sub if args.output else eval_client.default_output(model_id)
     connected = bool(args.address or os.environ.get("RAY_ADDRESS"))
     eval_serve.init_ray(args.address, args.num_cpus, args.ray_temp_dir)
     try:
+        serve_cfg = eval_serve.resolve_auto(serve_cfg, eval_serve.cluster_gpus())
         client_cfg.base_url = eval_serve.start(serve_cfg)
         print(f"[eval] serving {model_id!r} ({exported.action} {exported.path}) at {client_cfg.base_url}", flush=True)
         summary = eval_client.evaluate(
@@ -210,6 +215,7 @@ def run_main(args: argparse.Namespace) -> int:
         )
     except (eval_client.EvalError, eval_serve.ServeError) as exc:
         print(f"dapo eval run: {exc}", file=sys.stderr)
+        print(f"dapo eval run: answers so far are kept in {output}; rerun the same command to resume", file=sys.stderr)
         return 1
     finally:
         eval_serve.stop(shutdown_ray=not connected)

@@ -365,6 +365,8 @@ def test_eval_run_exports_serves_evaluates_and_tears_down(tmp_path, monkeypatch)
         return srv.url + "/v1"
 
     monkeypatch.setattr(eval_serve, "init_ray", lambda *a, **k: calls.setdefault("init", a))
+    monkeypatch.setattr(eval_serve, "cluster_gpus", lambda: 8.0)
+    monkeypatch.setattr(eval_serve, "_probe_gpus", lambda: (80 * 10**9, 8))
     monkeypatch.setattr(eval_serve, "start", start)
     monkeypatch.setattr(eval_serve, "stop", lambda shutdown_ray=True: calls.setdefault("stops", []).append(1))
 
@@ -379,7 +381,7 @@ def test_eval_run_exports_serves_evaluates_and_tears_down(tmp_path, monkeypatch)
     # from the preset: TP 4 and a 2048 + 20480 context; the explicit --top-p wins over the preset's 0.7
     assert served.tensor_parallel_size == 4 and served.max_model_len == 22528
     assert {b["top_p"] for b in srv.requests} == {0.9} and {b["max_completion_tokens"] for b in srv.requests} == {20480}
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "out" / "global_step_10" / "summary.json").read_text())
     assert summary["config"]["checkpoint"]["step"] == 10 and summary["complete"]
     assert calls["stops"] == [1]
 
@@ -389,5 +391,6 @@ def test_eval_run_exports_serves_evaluates_and_tears_down(tmp_path, monkeypatch)
              "--output", str(tmp_path / "out5"), "--wait-timeout", "0.3", "--no-progress"]
         )  # fmt: skip
     assert rc == 1 and calls["serve"].model_id == "DAPO-Qwen2.5-32B-step5" and calls["stops"] == [1, 1]
+    assert calls["serve"].tensor_parallel_size == 1, "without a preset, TP is sized to the (tiny) weights"
     assert evaluate.main(["run", "--checkpoint-dir", str(tmp_path / "none"), "--test-file",
                           str(tmp_path / "aime.parquet")]) == 1  # fmt: skip

@@ -7,8 +7,10 @@ import pytest
 from dapo.eval_serve import (
     ServeConfig,
     ServeError,
+    auto_tensor_parallel,
     config_from_kv,
     llm_config_dict,
+    resolve_auto,
     resolve_device,
     resolve_replicas,
 )
@@ -78,3 +80,28 @@ def test_serve_run_style_arguments(hf_dir):
     assert cfg.model_id == hf_dir.name  # like the DAPO script: the directory's name
     with pytest.raises(ServeError, match="unknown build_app arguments"):
         config_from_kv({"model": str(hf_dir), "tensor_parallel": "8"})
+
+
+def test_auto_tensor_parallel_fits_the_weights_in_a_share_of_gpu_memory():
+    gb = 10**9
+    # Qwen2.5-32B: 65.5 GB in bf16, 40 heads; 80 GB GPUs at 0.9 -> 43 GB for weights per GPU -> TP 2
+    assert auto_tensor_parallel(int(65.5 * gb), 40, 80 * gb, 8, 0.9) == 2
+    assert auto_tensor_parallel(int(65.5 * gb), 40, 40 * gb, 8, 0.9) == 4  # A100-40GB
+    assert auto_tensor_parallel(int(15.2 * gb), 28, 80 * gb, 8, 0.9) == 1  # a 7B model
+    # 3 heads: only TP 1 divides them, and it does not fit
+    with pytest.raises(ServeError, match="no tensor_parallel_size fits"):
+        auto_tensor_parallel(100 * gb, 3, 80 * gb, 8, 0.9)
+
+
+def test_resolve_auto_reads_the_model_and_probes_the_gpus(hf_dir):
+    import json
+
+    (hf_dir / "config.json").write_text(json.dumps({"num_attention_heads": 40}))
+    with open(hf_dir / "model.safetensors", "wb") as f:
+        f.truncate(3000)
+    cfg = ServeConfig(model=str(hf_dir), model_id="m", tensor_parallel_size="auto")
+    # 3000 bytes of weights on "GPUs" of 2000 bytes at 0.9 x 0.6 = 1080 per GPU -> TP 4 (3 is not a power of two)
+    assert resolve_auto(cfg, 8, probe=lambda: (2000, 8)).tensor_parallel_size == 4
+    assert resolve_auto(cfg, 0, probe=lambda: pytest.fail("no probe on CPU")).tensor_parallel_size == 1
+    with pytest.raises(ServeError, match="must be resolved first"):
+        llm_config_dict(cfg, "gpu", 1)
