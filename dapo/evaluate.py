@@ -131,6 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def default_max_model_len(model_dir: Path, max_tokens: int) -> Optional[int]:
+    """Engine context = DAPO's prompt budget (2048) + the answer budget, capped by the model's
+    ``max_position_embeddings`` (a shorter context leaves more KV cache for concurrent answers than vLLM's default of
+    the full position range)."""
+    import json
+
+    try:
+        limit = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        limit = None
+    want = DAPO_MAX_PROMPT + max_tokens
+    return min(want, int(limit)) if limit else want
+
+
 def _default_model_id(ckpt: Path, step: Optional[int]) -> str:
     base = re.sub(r"[^A-Za-z0-9._-]+", "-", ckpt.resolve().name).strip("-") or "model"
     return f"{base}-step{step}" if step is not None else base
@@ -173,6 +187,8 @@ def run_main(args: argparse.Namespace) -> int:
         print(f"dapo eval run: export: {exc}", file=sys.stderr)
         return 1
     model_id = args.model_id or _default_model_id(Path(args.checkpoint_dir), exported.step)
+    if args.max_model_len is None:
+        args.max_model_len = default_max_model_len(exported.path, args.max_tokens)
     try:
         serve_cfg = eval_serve.config_from_args(args, model=str(exported.path), model_id=model_id)
         serve_cfg.validate()

@@ -392,5 +392,6 @@ def test_eval_run_exports_serves_evaluates_and_tears_down(tmp_path, monkeypatch)
         )  # fmt: skip
     assert rc == 1 and calls["serve"].model_id == "DAPO-Qwen2.5-32B-step5" and calls["stops"] == [1, 1]
     assert calls["serve"].tensor_parallel_size == 1, "without a preset, TP is sized to the (tiny) weights"
+    assert calls["serve"].max_model_len == 2048 + 20480  # no max_position_embeddings in this config
     assert evaluate.main(["run", "--checkpoint-dir", str(tmp_path / "none"), "--test-file",
                           str(tmp_path / "aime.parquet")]) == 1  # fmt: skip
