@@ -158,6 +158,26 @@ class FilterGroupsConfig:
     mode: Literal["reference", "carry"] = "reference"
 
 
+HEALTH_GUARDS = ("entropy_collapse", "sampler_starving", "length_clip")
+
+
+@dataclass
+class HealthConfig:
+    """DAPO health guards (:mod:`dapo.health`): warn -- or checkpoint and stop with exit code 3 -- when a run derails."""
+
+    # entropy_collapse: actor/entropy below this for `patience` consecutive steps.
+    entropy_min: float = 0.02
+    # sampler_starving: train/num_gen_batches at its limit (filter_groups.max_num_gen_batches, or this value when
+    # that is unlimited) for `patience` consecutive steps.
+    starving_gen_batches: int = 10
+    # length_clip: response_length/clip_ratio (responses at max_response_length) above this for `patience` steps.
+    clip_ratio_max: float = 0.2
+    # Consecutive steps a condition must hold before it fires.
+    patience: int = 5
+    # Guards that checkpoint and stop the run (exit code 3) instead of only warning.
+    stop_on: list[Literal["entropy_collapse", "sampler_starving", "length_clip"]] = field(default_factory=list)
+
+
 @dataclass
 class TrainerConfig:
     total_epochs: int = 1
@@ -175,6 +195,8 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "wandb"])
     # Keep at most this many checkpoints (null: all).
     max_ckpt_to_keep: Optional[int] = None
+    # Health guards (entropy collapse, sampler starvation, responses piling up at the length cap).
+    health: HealthConfig = field(default_factory=HealthConfig)
 
 
 @dataclass
@@ -247,6 +269,9 @@ class TinyModelSpec:
     intermediate_size: int = 512
     max_position_embeddings: int = 256
     tie_word_embeddings: bool = True
+    # Size of the byte-level BPE vocabulary trained locally on the task corpus (= the embedding rows).
+    vocab_size: int = 400
+    # Seed of the random initialisation (and of the warm start's batches).
     seed: int = 0
 
 
@@ -278,8 +303,6 @@ class LocalConfig:
     model: TinyModelSpec = field(default_factory=TinyModelSpec)
     task: TaskSpec = field(default_factory=TaskSpec)
     warm_start: WarmStartSpec = field(default_factory=WarmStartSpec)
-    # Validation samples per prompt for avg@k.
-    val_k: int = 1
     # Optimizer steps per rollout step are derived from ppo_mini_batch_size; this caps update micro-batches.
     micro_batch_size: int = 64
 
@@ -578,3 +601,24 @@ def validate(preset: Preset) -> None:
         bad("placement.gpus_per_node", f"must be >= 1 for the verl backend, got {p.gpus_per_node}")
     if p.backend == "local" and preset.recipe.model.path.startswith("builtin:") and preset.local is None:
         bad("local", "is required when recipe.model.path is builtin:*")
+    h = r.trainer.health
+    if h.patience < 1:
+        bad("recipe.trainer.health.patience", f"must be >= 1, got {h.patience}")
+    if not 0.0 <= h.clip_ratio_max <= 1.0:
+        bad("recipe.trainer.health.clip_ratio_max", f"must be in [0, 1], got {h.clip_ratio_max}")
+    if h.starving_gen_batches < 1:
+        bad("recipe.trainer.health.starving_gen_batches", f"must be >= 1, got {h.starving_gen_batches}")
+    if preset.local is not None:
+        lc = preset.local
+        if lc.micro_batch_size < 1:
+            bad("local.micro_batch_size", f"must be >= 1, got {lc.micro_batch_size}")
+        m = lc.model
+        if m.hidden_size % m.num_attention_heads or m.hidden_size // m.num_attention_heads < 32:
+            bad("local.model.hidden_size", f"/ num_attention_heads must be an integer head_dim >= 32 (vLLM), got "
+                f"{m.hidden_size} / {m.num_attention_heads}")
+        if m.num_attention_heads % m.num_key_value_heads:
+            bad("local.model.num_key_value_heads", "must divide num_attention_heads")
+        if lc.task.n_train < r.data.train_batch_size:
+            bad("local.task.n_train", f"({lc.task.n_train}) must be >= recipe.data.train_batch_size")
+        if not 0.0 <= lc.warm_start.mistake_rate <= 1.0:
+            bad("local.warm_start.mistake_rate", f"must be in [0, 1], got {lc.warm_start.mistake_rate}")

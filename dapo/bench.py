@@ -1,0 +1,282 @@
+"""``dapo bench``: benchmarks of the DAPO loop on the tiny task (not tests: they print measurements).
+
+``dapo bench ablation``
+    The paper's ablation ladder (Table 1) on the tiny task, every rung from the same warm start, several seeds::
+
+        naive GRPO            clip 0.2/0.2, sample-level loss (seq-mean-token-mean), no overlong shaping, no filtering
+        + overlong filtering  truncated responses dropped from the loss
+        + clip-higher         eps_high 0.28
+        + soft overlong       soft overlong punishment (eq. 13) instead of filtering, as the DAPO recipe does
+        + token-level loss    token-mean (eq. 12)
+        + dynamic sampling    filter groups (eq. 11) = DAPO (the tiny preset)
+
+    Every rung trains on ``train_batch_size`` prompts per step; without dynamic sampling the generation batch is
+    the training batch, with it generation batches of ``gen_batch_size`` are added until the batch is full. Prints,
+    per rung (mean over seeds), the rollout steps and generated responses to first reach each target validation
+    accuracy, and the final accuracy; writes ``ablation.{md,json,png}`` in ``--out``. Runs are resumable: a finished
+    (rung, seed) keeps its ``summary.json`` and is not rerun.
+
+``dapo bench timing``
+    A few tiny-preset steps; prints the share of the step time per phase (``timing_s/*``) and the share spent
+    outside generation and the update (target <= 5 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+LADDER: list[tuple[str, list[str]]] = [
+    ("naive GRPO", [
+        "recipe.actor.clip_ratio_high=0.2", "recipe.actor.loss_agg_mode=seq-mean-token-mean",
+        "recipe.reward.overlong_buffer.enable=false", "recipe.reward.overlong_filter=false",
+        "recipe.filter_groups.enable=false",
+    ]),
+    ("+ overlong filtering", [
+        "recipe.actor.clip_ratio_high=0.2", "recipe.actor.loss_agg_mode=seq-mean-token-mean",
+        "recipe.reward.overlong_buffer.enable=false", "recipe.reward.overlong_filter=true",
+        "recipe.filter_groups.enable=false",
+    ]),
+    ("+ clip-higher", [
+        "recipe.actor.clip_ratio_high=0.28", "recipe.actor.loss_agg_mode=seq-mean-token-mean",
+        "recipe.reward.overlong_buffer.enable=false", "recipe.reward.overlong_filter=true",
+        "recipe.filter_groups.enable=false",
+    ]),
+    ("+ soft overlong punishment", [
+        "recipe.actor.clip_ratio_high=0.28", "recipe.actor.loss_agg_mode=seq-mean-token-mean",
+        "recipe.reward.overlong_buffer.enable=true", "recipe.reward.overlong_filter=false",
+        "recipe.filter_groups.enable=false",
+    ]),
+    ("+ token-level loss", [
+        "recipe.actor.clip_ratio_high=0.28", "recipe.actor.loss_agg_mode=token-mean",
+        "recipe.reward.overlong_buffer.enable=true", "recipe.reward.overlong_filter=false",
+        "recipe.filter_groups.enable=false",
+    ]),
+    ("+ dynamic sampling (DAPO)", [
+        "recipe.actor.clip_ratio_high=0.28", "recipe.actor.loss_agg_mode=token-mean",
+        "recipe.reward.overlong_buffer.enable=true", "recipe.reward.overlong_filter=false",
+        "recipe.filter_groups.enable=true",
+    ]),
+]  # fmt: skip
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-").replace("--", "-")
+
+
+def run_one(
+    preset_name: str, overrides: list[str], run_dir: Path, assets_dir: Path, *, log=None, threads: Optional[int] = None
+) -> dict[str, Any]:
+    """Train one configuration with the local backend in this process; returns its summary (+ the val curve)."""
+    import torch
+
+    from dapo.backends.local import build
+    from dapo.config import load_preset
+    from dapo.loop import DAPOLoop, configure_determinism
+
+    if threads:
+        torch.set_num_threads(threads)
+    preset = load_preset(preset_name, overrides)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    configure_determinism(preset.recipe.trainer.seed)
+    quiet = log or (lambda s: None)
+    backend, train_rows, val_rows, _ = build(preset, run_dir, assets_dir=assets_dir, log=quiet)
+    loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=False, log=quiet)
+    t0, c0 = time.time(), time.process_time()
+    rc = loop.fit()
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    summary.update(exit_code=rc, wall_seconds=time.time() - t0, cpu_seconds=time.process_time() - c0)
+    from dapo.metrics import read_jsonl, val_accuracy
+
+    recs = read_jsonl(run_dir / "metrics.jsonl")
+    samples = {int(r["step"]): r.get("train/gen_samples_total") for r in recs if r.get("train/gen_samples_total") is not None}
+    summary["curve"] = [
+        (int(r["step"]), val_accuracy(r), samples.get(int(r["step"]), 0.0 if int(r["step"]) == 0 else None))
+        for r in recs if val_accuracy(r) is not None
+    ]  # fmt: skip
+    (run_dir / "bench_result.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _first_reach(curve: list, target: float) -> tuple[Optional[int], Optional[float]]:
+    for step, acc, samples in curve:
+        if step > 0 and acc is not None and acc >= target:
+            return step, samples
+    return None, None
+
+
+def _fmt_mean(values: list[Optional[float]], spec: str, n: int) -> str:
+    got = [v for v in values if v is not None]
+    if not got:
+        return "not reached"
+    import numpy as np
+
+    s = format(float(np.mean(got)), spec)
+    return s if len(got) == n else f"{s} ({len(got)}/{n} seeds)"
+
+
+def ablation_table(results: dict[str, list[dict]], targets: list[float]) -> str:
+    import numpy as np
+
+    head = ["rung"] + [f"steps to {t:.2f}" for t in targets] + [f"samples to {t:.2f}" for t in targets]
+    head += ["val acc before", "final val acc (mean ± sd)", "best val acc", "CPU s / run"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, runs in results.items():
+        n = len(runs)
+        row = [name]
+        reach = {t: [_first_reach(r["curve"], t) for r in runs] for t in targets}
+        row += [_fmt_mean([s for s, _ in reach[t]], ".1f", n) for t in targets]
+        row += [_fmt_mean([x for _, x in reach[t]], ".0f", n) for t in targets]
+        before = [r.get("val_acc_before") for r in runs]
+        final = [r.get("val_acc_after") for r in runs if r.get("val_acc_after") is not None]
+        best = [r.get("val_acc_best") for r in runs if r.get("val_acc_best") is not None]
+        row.append(_fmt_mean(before, ".3f", n))
+        row.append(f"{np.mean(final):.3f} ± {np.std(final):.3f}" if final else "-")
+        row.append(f"{np.mean(best):.3f}" if best else "-")
+        row.append(f"{np.mean([r['cpu_seconds'] for r in runs]):.0f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def ablation_plot(results: dict[str, list[dict]], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5))
+    for name, runs in results.items():
+        steps = sorted({s for r in runs for s, a, _ in r["curve"] if a is not None})
+        mean = [np.mean([a for r in runs for s2, a, _ in r["curve"] if s2 == s]) for s in steps]
+        ax1.plot(steps, mean, marker="o", markersize=3, label=name)
+        xs = [np.mean([x for r in runs for s2, a, x in r["curve"] if s2 == s and x is not None] or [np.nan]) for s in steps]
+        ax2.plot(xs, mean, marker="o", markersize=3, label=name)
+    ax1.set_xlabel("rollout step")
+    ax2.set_xlabel("generated responses")
+    for ax in (ax1, ax2):
+        ax.set_ylabel("validation accuracy (mean over seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("DAPO ablation ladder on the tiny task")
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out
+
+
+def cmd_ablation(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="dapo bench ablation", description="the DAPO ablation ladder on the tiny task")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--seeds", default="1,2,3", help="comma-separated recipe.trainer.seed values")
+    p.add_argument("--targets", default="0.9,0.95", help="validation accuracies to reach")
+    p.add_argument("--out", default="runs/bench-ablation")
+    p.add_argument("--rungs", default=None, help="comma-separated rung indices (default: all)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per run")
+    p.add_argument("overrides", nargs="*", help="preset overrides applied to every rung (e.g. shorter runs)")
+    args = p.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    targets = [float(t) for t in args.targets.split(",")]
+    out = Path(args.out)
+    assets = out / "assets"
+    rungs = LADDER if args.rungs is None else [LADDER[int(i)] for i in args.rungs.split(",")]
+    base = [
+        "recipe.trainer.logger=[console]",
+        "recipe.trainer.save_freq=0",
+        "recipe.trainer.resume_mode=disable",
+    ]
+    results: dict[str, list[dict]] = {}
+    t_start = time.time()
+    load0 = os.getloadavg()[0]
+    for name, rung in rungs:
+        results[name] = []
+        for seed in seeds:
+            run_dir = out / _slug(name) / f"seed{seed}"
+            done = run_dir / "bench_result.json"
+            if done.exists():
+                res = json.loads(done.read_text())
+            else:
+                extra = list(rung)
+                if "recipe.filter_groups.enable=false" in rung:
+                    from dapo.config import load_preset
+
+                    tb = load_preset(args.preset).recipe.data.train_batch_size
+                    extra.append(f"recipe.data.gen_batch_size={tb}")
+                t0 = time.time()
+                res = run_one(args.preset, base + extra + [f"recipe.trainer.seed={seed}"] + args.overrides, run_dir,
+                              assets, threads=args.threads)  # fmt: skip
+                print(f"[{time.time() - t_start:.0f}s] {name} seed {seed}: final val acc "
+                      f"{res.get('val_acc_after', float('nan')):.3f} (before {res.get('val_acc_before', float('nan')):.3f})"
+                      f", {res.get('gen_samples_total')} samples, {time.time() - t0:.0f}s wall, "
+                      f"{res['cpu_seconds']:.0f}s CPU", flush=True)  # fmt: skip
+            results[name].append(res)
+    table = ablation_table(results, targets)
+    out.mkdir(parents=True, exist_ok=True)
+    png = ablation_plot(results, out / "ablation.png")
+    cmd = "dapo bench ablation " + " ".join(argv)
+    meta = (
+        f"command: `{cmd.strip()}`\n\nmachine: {platform.machine()}, {os.cpu_count()} CPUs, load average at start "
+        f"{load0:.1f}, at end {os.getloadavg()[0]:.1f}; total wall {time.time() - t_start:.0f}s\n"
+    )
+    (out / "ablation.md").write_text(meta + "\n" + table + "\n")
+    (out / "ablation.json").write_text(json.dumps({"targets": targets, "seeds": seeds, "results": results}, indent=2))
+    print(table)
+    print(f"\n{meta}\nplot: {png}")
+    return 0
+
+
+def cmd_timing(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="dapo bench timing", description="share of step time per phase (tiny preset)")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--out", default="runs/bench-timing")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args(argv)
+    from dapo.metrics import STEP_PHASES, read_jsonl
+
+    out = Path(args.out)
+    over = [
+        f"recipe.trainer.total_training_steps={args.steps}", "recipe.trainer.val_before_train=false",
+        "recipe.trainer.test_freq=0", "recipe.trainer.save_freq=0", "recipe.trainer.logger=[console]",
+        "recipe.trainer.resume_mode=disable", f"placement.device={args.device}",
+    ] + args.overrides  # fmt: skip
+    run_one(args.preset, over, out / "run", out / "assets")
+    recs = [r for r in read_jsonl(out / "run" / "metrics.jsonl") if "timing_s/step" in r]
+    recs = recs[1:] if len(recs) > 2 else recs  # the first step pays one-off warm-up costs
+    total = sum(r["timing_s/step"] for r in recs)
+    rows = []
+    for ph in STEP_PHASES + ("other",):
+        t = sum(r.get(f"timing_s/{ph}", 0.0) or 0.0 for r in recs)
+        rows.append((ph, t, t / total if total else 0.0))
+    print(f"{len(recs)} steps, {total:.2f}s total, {total / max(1, len(recs)):.2f}s per step")
+    print(f"{'phase':<14}{'seconds':>10}{'share':>9}")
+    for ph, t, sh in rows:
+        print(f"{ph:<14}{t:>10.2f}{sh:>8.1%}")
+    share = dict((ph, sh) for ph, _, sh in rows)
+    outside = 1.0 - share["gen"] - share["update_actor"]
+    overhead = share["reward"] + share["filter"] + share["adv"] + share["other"]
+    print(f"outside generation and update: {outside:.1%} (of which old_log_prob, a model forward: "
+          f"{share['old_log_prob']:.1%})")
+    print(f"loop overhead (reward + filter + advantage + other): {overhead:.1%} (target <= 5%: "
+          f"{'met' if overhead <= 0.05 else 'NOT met'})")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmds = {"ablation": cmd_ablation, "timing": cmd_timing}
+    if not argv or argv[0] not in cmds:
+        print("usage: dapo bench {ablation,timing} [options]  (dapo bench ablation --help)", file=sys.stderr)
+        return 2
+    return cmds[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

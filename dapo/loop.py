@@ -1,0 +1,485 @@
+"""The one DAPO training loop (paper arXiv 2503.14476, Algorithm 1), framework-free.
+
+It drives any :class:`dapo.backends.base.Backend` -- :mod:`dapo.backends.local` (one process, CPU or one GPU) and
+:mod:`dapo.backends.verl` (verl worker groups on Ray) run this same code. One rollout step::
+
+    repeat                                                     # dynamic sampling (eq. 11), DynamicSampler
+        prompts <- next gen_batch_size rows of the training data   (DAPO-Math-17k schema; epochs, shuffled by seed)
+        o_1..o_G ~ pi_old(. | q) for every prompt q               backend.generate  (G = rollout.n)
+        R_i = verifier(o_i, a) + R_length(|o_i|)                  dapo.reward.score_responses (eq. 1 + eq. 13)
+        keep groups with 0 < #correct < G                         (filter_groups.metric; off: keep all)
+    until train_batch_size groups kept (surplus cut), or fail after max_num_gen_batches
+    A_i = (R_i - mean_group R) / (std_group R + eps)              dapo.advantage.group_advantages (eq. 9)
+    log pi_old recomputed for the batch                           backend.compute_old_log_probs
+    ppo_epochs x mini-batches of the DAPO loss (eq. 10, 12)       backend.update (dapo.loss.policy_loss)
+
+then metrics (:mod:`dapo.metrics`), validation every ``test_freq`` steps (avg@k over the validation split with
+``rollout.val`` sampling; also before training with ``val_before_train``), a checkpoint every ``save_freq`` steps
+(:mod:`dapo.checkpoint`, atomic), the health guards (:mod:`dapo.health`), and at the end a summary (validation
+accuracy before -> after RL) and the health plot (:mod:`dapo.report`). ``total_training_steps`` (or epochs x
+generation batches per epoch) bounds the run; ``resume_mode: auto`` continues from the newest complete checkpoint
+with the same data order, sampler state and RNG states, so an interrupted run ends exactly where an uninterrupted one
+would (on CPU; see docs/tiny.md).
+
+Overlong *filtering* (``reward.overlong_filter``) drops truncated responses from the loss (``loss_mask``); the soft
+overlong *punishment* is part of the reward. The learning-rate schedule (warm-up then constant) is the backend's
+(verl's ``constant`` schedule with ``lr_warmup_steps``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import shutil
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from dapo import checkpoint as ckpt
+from dapo.advantage import group_advantages
+from dapo.backends.base import Backend, Rollout, Sampling
+from dapo.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED, HealthGuard
+from dapo.metrics import MetricsLogger, format_step_line, read_jsonl, truncate_jsonl, val_acc_key, val_accuracy
+from dapo.reward import score_responses
+from dapo.sampler import DynamicSampler, DynamicSamplingError
+
+__all__ = ["DAPOLoop", "PromptStream", "configure_determinism", "EXIT_HEALTH_STOP", "EXIT_SAMPLER_EXHAUSTED"]
+
+
+def configure_determinism(seed: int, deterministic: bool = True) -> None:
+    """Seed python/numpy/torch and ask torch for deterministic kernels (exact reruns on CPU)."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+class PromptStream:
+    """Training prompts in epochs: a seeded permutation per epoch (or file order with ``shuffle=False``); a request
+    that does not fit in the rest of the epoch starts the next one (the remainder is dropped, like a
+    ``drop_last`` data loader). The cursor ``(epoch, pos)`` is the resumable state."""
+
+    def __init__(self, num_rows: int, seed: int, shuffle: bool = True):
+        if num_rows < 1:
+            raise ValueError("the training data is empty")
+        self.num_rows, self.seed, self.shuffle = num_rows, int(seed), shuffle
+        self.epoch, self.pos = 0, 0
+        self._order_epoch, self._order = -1, np.arange(num_rows)
+
+    def order(self, epoch: int) -> np.ndarray:
+        if epoch != self._order_epoch:
+            self._order = (
+                np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
+                if self.shuffle
+                else np.arange(self.num_rows)
+            )
+            self._order_epoch = epoch
+        return self._order
+
+    def take(self, k: int) -> np.ndarray:
+        if k > self.num_rows:
+            raise ValueError(f"a generation batch of {k} prompts exceeds the {self.num_rows} training prompts")
+        if self.pos + k > self.num_rows:
+            self.epoch, self.pos = self.epoch + 1, 0
+        out = self.order(self.epoch)[self.pos : self.pos + k]
+        self.pos += k
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, s: dict[str, int]) -> None:
+        self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
+
+
+def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return {}
+    return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
+
+
+class DAPOLoop:
+    """The DAPO loop over a backend (module docstring). ``fit()`` runs it and returns the process exit code."""
+
+    def __init__(
+        self,
+        preset,
+        backend: Backend,
+        train_rows: list[dict[str, Any]],
+        val_rows: list[dict[str, Any]],
+        run_dir: str | Path,
+        *,
+        progress: bool = True,
+        log: Optional[Callable[[str], None]] = None,
+    ):
+        self.preset = preset
+        r = self.recipe = preset.recipe
+        self.backend = backend
+        self.train_rows, self.val_rows = train_rows, val_rows
+        self.run_dir = Path(run_dir)
+        self.ckpt_root = ckpt.checkpoint_root(self.run_dir)
+        self.progress = progress
+        self._log = log
+        d, fg, t = r.data, r.filter_groups, r.trainer
+        self.gen_batch_size = d.gen_batch_size or d.train_batch_size
+        if t.total_training_steps is not None:
+            self.total_steps = int(t.total_training_steps)
+        else:
+            per_epoch = len(train_rows) // self.gen_batch_size
+            if per_epoch < 1:
+                raise ValueError(
+                    f"{len(train_rows)} training prompts are fewer than one generation batch ({self.gen_batch_size})"
+                )
+            self.total_steps = per_epoch * t.total_epochs
+        if self.gen_batch_size > len(train_rows):
+            raise ValueError(
+                f"recipe.data.gen_batch_size ({self.gen_batch_size}) exceeds the {len(train_rows)} training prompts"
+            )
+        self.sampler = DynamicSampler(
+            train_batch_size=d.train_batch_size,
+            n=r.rollout.n,
+            enable=fg.enable,
+            metric=fg.metric,
+            max_num_gen_batches=fg.max_num_gen_batches,
+            mode=fg.mode,
+            gen_batch_size=self.gen_batch_size,
+        )
+        ro = r.rollout
+        self.train_sampling = Sampling(
+            n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, do_sample=True,
+            max_tokens=d.max_response_length,
+        )
+        v = ro.val
+        self.val_sampling = Sampling(
+            n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, do_sample=v.do_sample,
+            max_tokens=d.max_response_length,
+        )
+        self.health = HealthGuard(
+            t.health,
+            max_num_gen_batches=fg.max_num_gen_batches,
+            filter_enabled=fg.enable,
+            max_response_length=d.max_response_length,
+        )
+        self.stream = PromptStream(len(train_rows), seed=t.seed, shuffle=d.shuffle)
+        self.step = 0
+        self.next_gid = 0
+        self.gen_samples_total = 0
+        self.val_history: list[tuple[int, dict[str, float]]] = []
+        self._bar = None
+        self._t0 = time.time()
+        self._cpu0 = cpu_seconds()
+
+    # ---------------------------------------------------------------------------------------------------------------
+    def log(self, msg: str) -> None:
+        if self._log is not None:
+            self._log(msg)
+        elif self._bar is not None:
+            self._bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+    def score(self, rollout: Rollout) -> dict[str, np.ndarray]:
+        """Verifier + soft overlong punishment for every response (DAPO eq. 1 + eq. 13)."""
+        ob = self.recipe.reward.overlong_buffer
+        return score_responses(
+            rollout.response_text,
+            [row["reward_model"]["ground_truth"] for row in rollout.prompt_rows],
+            rollout.response_length,
+            max_response_length=self.recipe.data.max_response_length,
+            overlong_buffer_len=ob.len,
+            overlong_penalty_factor=ob.penalty_factor,
+            overlong_enable=ob.enable,
+            math_verify=self.recipe.reward.math_verify,
+        )
+
+    # ---------------------------------------------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict[str, float]:
+        """One rollout step (module docstring); returns its metrics."""
+        r = self.recipe
+        fg = r.filter_groups
+        timing: dict[str, float] = defaultdict(float)
+        t_step = time.perf_counter()
+        gen: dict[str, list[np.ndarray]] = defaultdict(list)
+        while not self.sampler.is_full():
+            size = self.sampler.suggested_gen_batch_size()
+            rows = [self.train_rows[i] for i in self.stream.take(size)]
+            gids = list(range(self.next_gid, self.next_gid + len(rows)))
+            self.next_gid += len(rows)
+            t0 = time.perf_counter()
+            rollout = self.backend.generate(rows, self.train_sampling, group_ids=gids)
+            t1 = time.perf_counter()
+            scored = self.score(rollout)
+            t2 = time.perf_counter()
+            timing["gen"] += t1 - t0
+            timing["reward"] += t2 - t1
+            for k in ("score", "reward", "acc", "overlong"):
+                gen[k].append(np.asarray(scored[k], dtype=np.float64))
+            gen["truncated"].append(np.asarray(rollout.truncated, dtype=np.float64))
+            try:
+                self.sampler.add(rollout.group_ids, scored[fg.metric], batch=(rollout, scored))
+            except DynamicSamplingError:
+                self.sampler.finish_step()
+                raise
+            timing["filter"] += time.perf_counter() - t2
+        t0 = time.perf_counter()
+        selection = self.sampler.selection()
+        batch = self.backend.concat([self.backend.select(s.batch[0], s.indices) for s in selection])
+        scores = {
+            k: np.concatenate([np.asarray(s.batch[1][k])[s.indices] for s in selection])
+            for k in ("reward", "score", "acc")
+        }
+        sstats = self.sampler.finish_step()
+        timing["filter"] += time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        adv = np.asarray(
+            group_advantages(scores["reward"], batch.group_ids, norm_by_std=r.algorithm.norm_adv_by_std),
+            dtype=np.float64,
+        )
+        loss_mask = ~np.asarray(batch.truncated, dtype=bool) if r.reward.overlong_filter else None
+        timing["adv"] += time.perf_counter() - t0
+
+        metrics: dict[str, float] = {}
+        t0 = time.perf_counter()
+        metrics.update(self.backend.compute_old_log_probs(batch))
+        t1 = time.perf_counter()
+        metrics.update(self.backend.update(batch, adv, loss_mask))
+        t2 = time.perf_counter()
+        timing["old_log_prob"] += t1 - t0
+        timing["update_actor"] += t2 - t1
+
+        # -- metrics (verl names, dapo.metrics.METRICS) --
+        lengths = np.asarray(batch.response_length, dtype=np.float64)
+        max_len = r.data.max_response_length
+        metrics.update(_stats("critic/score", scores["reward"]))
+        metrics.update(_stats("critic/rewards", scores["reward"]))
+        tok_w = np.maximum(lengths, 0)
+        metrics["critic/advantages/mean"] = float((adv * tok_w).sum() / max(tok_w.sum(), 1.0))
+        metrics["critic/advantages/max"] = float(adv.max())
+        metrics["critic/advantages/min"] = float(adv.min())
+        metrics.update(_stats("response_length", lengths))
+        metrics["response_length/clip_ratio"] = float(np.mean(lengths >= max_len))
+        if "prompt_length" in batch.stats:
+            metrics.update(_stats("prompt_length", batch.stats["prompt_length"]))
+        all_gen = {k: np.concatenate(v) for k, v in gen.items()}
+        n_generated = int(all_gen["score"].size)
+        self.gen_samples_total += n_generated
+        metrics["train/num_gen_batches"] = sstats["num_gen_batches"]
+        metrics["train/kept_group_ratio"] = sstats["kept_ratio"] if fg.enable else 1.0
+        metrics["train/num_gen_samples"] = float(n_generated)
+        metrics["train/gen_samples_total"] = float(self.gen_samples_total)
+        metrics["train/gen_score/mean"] = float(all_gen["reward"].mean())
+        metrics["train/gen_acc/mean"] = float(all_gen["acc"].mean())
+        metrics["train/gen_overlong_ratio"] = float(all_gen["overlong"].mean())
+        metrics["train/gen_truncated_ratio"] = float(all_gen["truncated"].mean())
+        if loss_mask is not None:
+            metrics["train/num_filtered_responses"] = float((~loss_mask).sum())
+        metrics["training/global_step"] = float(step)
+        metrics["training/epoch"] = float(self.stream.epoch)
+        for k, v in timing.items():
+            metrics[f"timing_s/{k}"] = v
+        metrics["timing_s/step"] = time.perf_counter() - t_step
+        metrics["timing_s/other"] = max(0.0, metrics["timing_s/step"] - sum(timing.values()))
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """avg@k over the validation split (k = rollout.val.n) per data_source: ``val-core/<ds>/acc/mean@k``."""
+        if not self.val_rows:
+            return {}
+        t0 = time.perf_counter()
+        rollout = self.backend.generate(self.val_rows, self.val_sampling)
+        scored = self.score(rollout)
+        k = self.val_sampling.n
+        sources = np.asarray([row.get("data_source", "unknown") for row in rollout.prompt_rows], dtype=object)
+        lengths = np.asarray(rollout.response_length, dtype=np.float64)
+        out: dict[str, float] = {}
+        for ds in sorted(set(sources.tolist())):
+            sel = sources == ds
+            out[val_acc_key(ds, k)] = float(np.mean(scored["acc"][sel]))
+            out[f"val-aux/{ds}/score/mean@{k}"] = float(np.mean(scored["score"][sel]))
+            out[f"val-aux/{ds}/response_length/mean"] = float(np.mean(lengths[sel]))
+        out["timing_s/testing"] = time.perf_counter() - t0
+        return out
+
+    # ---------------------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "stream": self.stream.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "health": self.health.state_dict(),
+            "rng": ckpt.rng_state(),
+            "next_gid": self.next_gid,
+            "gen_samples_total": self.gen_samples_total,
+            "val_history": list(self.val_history),
+        }
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.step = int(s["step"])
+        self.stream.load_state_dict(s["stream"])
+        self.sampler.load_state_dict(s["sampler"])
+        self.health.load_state_dict(s.get("health", {}))
+        ckpt.set_rng_state(s["rng"])
+        self.next_gid = int(s["next_gid"])
+        self.gen_samples_total = int(s.get("gen_samples_total", 0))
+        self.val_history = [(int(a), dict(b)) for a, b in s.get("val_history", [])]
+
+    def save(self) -> Path:
+        t0 = time.perf_counter()
+        path = ckpt.save(
+            self.ckpt_root, self.step, self.backend.save_checkpoint, self.state_dict(),
+            max_to_keep=self.recipe.trainer.max_ckpt_to_keep,
+        )
+        self.last_save_seconds = time.perf_counter() - t0
+        return path
+
+    def _resume_or_start(self) -> bool:
+        """Resume from the newest complete checkpoint (``resume_mode: auto``); returns True when resumed."""
+        metrics_file = self.run_dir / "metrics.jsonl"
+        if self.recipe.trainer.resume_mode == "auto":
+            latest = ckpt.latest(self.ckpt_root)
+            if latest is not None:
+                self.backend.load_checkpoint(str(latest))
+                self.load_state_dict(ckpt.load_loop_state(latest))
+                truncate_jsonl(metrics_file, self.step)
+                self.log(f"resumed from {latest} (step {self.step}/{self.total_steps})")
+                return True
+            if metrics_file.exists():  # a run killed before its first checkpoint: start over cleanly
+                truncate_jsonl(metrics_file, -1)
+            return False
+        # resume disabled: keep what an earlier run left, out of the way
+        old = [p for p in (self.ckpt_root, metrics_file) if p.exists()]
+        if old:
+            dest = self.run_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+            dest.mkdir(parents=True, exist_ok=True)
+            for p in old:
+                shutil.move(str(p), str(dest / p.name))
+            self.log(f"resume disabled: moved the earlier run's {', '.join(p.name for p in old)} to {dest}")
+        return False
+
+    # ---------------------------------------------------------------------------------------------------------------
+    def _cadence(self, freq: int, step: int) -> bool:
+        return freq > 0 and (step % freq == 0 or step == self.total_steps)
+
+    def fit(self) -> int:
+        """Run to ``total_steps`` (or a health stop); returns the exit code (0, or :mod:`dapo.health`'s codes)."""
+        t = self.recipe.trainer
+        resumed = self._resume_or_start()
+        logger = MetricsLogger(
+            self.run_dir, t.logger, project=t.project_name, experiment=t.experiment_name,
+            config=self.preset.to_dict(), resume=resumed, warn=self.log,
+        )
+        try:
+            return self._fit(logger)
+        finally:
+            logger.close()
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+
+    def _fit(self, logger: MetricsLogger) -> int:
+        t = self.recipe.trainer
+        if self.step >= self.total_steps:
+            self.log(f"run already complete ({self.step}/{self.total_steps} steps; checkpoints in {self.ckpt_root}). "
+                     "Use --resume disable (or another --run-dir) to train again.")
+            self._finish()
+            return 0
+        if self.step == 0 and t.val_before_train and self.val_rows:
+            m = self.validate()
+            self.val_history.append((0, m))
+            logger.log(m, 0)
+            self.log(f"step 0/{self.total_steps} | validation before RL | val_acc {val_accuracy(m):.3f} "
+                     f"({len(self.val_rows)} prompts x {self.val_sampling.n}) | {m['timing_s/testing']:.1f}s")
+        if self.progress and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total_steps, initial=self.step, desc="DAPO", unit="step", dynamic_ncols=True)
+        while self.step < self.total_steps:
+            step = self.step + 1
+            try:
+                metrics = self.train_step(step)
+            except DynamicSamplingError as exc:
+                self.save()  # the state after the last completed step (no update happened in the failed one)
+                self.log(f"stopped at step {step}: {exc}\ncheckpoint of step {self.step} saved in {self.ckpt_root}; "
+                         f"exit code {EXIT_SAMPLER_EXHAUSTED}")
+                return EXIT_SAMPLER_EXHAUSTED
+            self.step = step
+            if self._cadence(t.test_freq, step) and self.val_rows:
+                vm = self.validate()
+                self.val_history.append((step, vm))
+                metrics.update(vm)
+            events = self.health.observe(step, metrics)
+            stop = [e for e in events if e.stop]
+            if self._cadence(t.save_freq, step) or stop:
+                self.save()
+                metrics["timing_s/save_checkpoint"] = self.last_save_seconds
+            logger.log(metrics, step)
+            self.log(format_step_line(step, self.total_steps, metrics))
+            if self._bar is not None:
+                self._bar.update(1)
+            for e in events:
+                self.log(("HEALTH STOP: " if e.stop else "HEALTH WARNING: ") + e.message)
+            if stop:
+                self.log(f"stopped by recipe.trainer.health.stop_on={list(t.health.stop_on)}; checkpoint of step "
+                         f"{step} saved in {self.ckpt_root}; exit code {EXIT_HEALTH_STOP}")
+                return EXIT_HEALTH_STOP
+        self._finish()
+        return 0
+
+    def summary(self) -> dict[str, Any]:
+        """Validation accuracy before and after RL (from this run's history and metrics.jsonl) and the run's cost."""
+        hist = {s: val_accuracy(m) for s, m in self.val_history}
+        for rec in read_jsonl(self.run_dir / "metrics.jsonl"):
+            acc = val_accuracy(rec)
+            if acc is not None:
+                hist.setdefault(int(rec["step"]), acc)
+        hist = {s: a for s, a in hist.items() if a is not None}
+        out: dict[str, Any] = {"steps": self.step, "total_steps": self.total_steps, "val_acc": dict(sorted(hist.items()))}
+        if 0 in hist:
+            out["val_acc_before"] = hist[0]
+        finals = [s for s in hist if s > 0]
+        if finals:
+            out["val_acc_after"] = hist[max(finals)]
+            out["val_acc_best"] = max(hist[s] for s in finals)
+        out["gen_samples_total"] = self.gen_samples_total
+        out["wall_seconds_this_process"] = time.time() - self._t0
+        out["cpu_seconds_this_process"] = cpu_seconds() - self._cpu0
+        return out
+
+    def _finish(self) -> None:
+        import json
+
+        s = self.summary()
+        (self.run_dir / "summary.json").write_text(json.dumps(s, indent=2, sort_keys=True))
+        ds = sorted({row.get("data_source", "unknown") for row in self.val_rows})
+        what = f"val-core/{'|'.join(ds)}/acc/mean@{self.val_sampling.n}, {len(self.val_rows)} held-out prompts"
+        if "val_acc_before" in s and "val_acc_after" in s:
+            b, a = s["val_acc_before"], s["val_acc_after"]
+            self.log(f"validation accuracy ({what}): before RL {b:.3f} -> after RL {a:.3f} ({a - b:+.3f}) "
+                     f"after {s['steps']} steps, {s['gen_samples_total']} generated responses")
+        elif "val_acc_after" in s:
+            self.log(f"validation accuracy ({what}): {s['val_acc_after']:.3f} after {s['steps']} steps")
+        self.log(f"time: wall {s['wall_seconds_this_process']:.0f}s, CPU {s['cpu_seconds_this_process']:.0f}s "
+                 f"(this process) | metrics {self.run_dir / 'metrics.jsonl'}")
+        try:
+            from dapo.report import plot_run
+
+            png = plot_run(self.run_dir)
+            self.log(f"health plots: {png}")
+        except Exception as exc:  # plotting must never fail a finished run
+            self.log(f"health plots skipped ({type(exc).__name__}: {exc}); rerun: dapo report {self.run_dir}")

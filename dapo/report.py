@@ -1,0 +1,124 @@
+"""``dapo report RUN``: the DAPO health plots of a run, regenerated from its ``metrics.jsonl``.
+
+Panels (the curves the DAPO paper watches, Fig. 2-7): mean response length, reward score (training batch after
+filtering, and all generated responses), generation entropy, mean token probability, ``num_gen_batches``, clip
+fractions (upper = the clipped term active, lower = dual clip), kept-group ratio, validation accuracy, and the share
+of responses at the length cap / penalised by the overlong shaping. Also prints a one-screen text summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from dapo.metrics import read_jsonl, val_accuracy
+
+PANELS: list[tuple[str, list[tuple[str, str]]]] = [
+    ("mean response length (tokens)", [("response_length/mean", "training batch")]),
+    ("reward score", [("critic/score/mean", "training batch (after filtering)"), ("train/gen_score/mean", "all generated")]),
+    ("generation entropy", [("actor/entropy", "actor/entropy")]),
+    ("mean token probability", [("actor/mean_prob", "actor/mean_prob")]),
+    ("generation batches per step", [("train/num_gen_batches", "train/num_gen_batches")]),
+    ("clip fractions", [("actor/pg_clipfrac", "pg_clipfrac (upper/lower clip)"), ("actor/pg_clipfrac_lower", "pg_clipfrac_lower (dual clip)")]),
+    ("kept-group ratio (dynamic sampling)", [("train/kept_group_ratio", "kept / generated groups")]),
+    ("validation accuracy", []),  # filled with every val-core/*/acc/mean@k
+    ("length cap", [("response_length/clip_ratio", "at max_response_length"), ("train/gen_overlong_ratio", "overlong-penalised")]),
+]  # fmt: skip
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        v = r.get(key)
+        if v is not None:
+            xs.append(int(r["step"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def plot_records(records: list[dict[str, Any]], out: Path, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 3, figsize=(15, 11))
+    val_keys = sorted({k for r in records for k in r if k.startswith("val-core/") and "/acc/mean@" in k})
+    for ax, (name, series) in zip(axes.flat, PANELS):
+        if name == "validation accuracy":
+            series = [(k, k.removeprefix("val-core/")) for k in val_keys]
+        drawn = False
+        for key, label in series:
+            xs, ys = _series(records, key)
+            if xs:
+                ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
+                drawn = True
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+    fig.suptitle(title or "DAPO health")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=80)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
+
+
+def plot_run(run_dir: Path | str, out: Optional[Path | str] = None) -> Path:
+    """Write ``<run_dir>/health.png`` (or ``out``) from ``<run_dir>/metrics.jsonl``."""
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    records = read_jsonl(path)
+    if not records:
+        raise FileNotFoundError(f"{path}: no metrics (is {run_dir} a run directory?)")
+    return plot_records(records, Path(out) if out else run_dir / "health.png", title=f"DAPO health: {run_dir.name}")
+
+
+def text_summary(records: list[dict[str, Any]]) -> str:
+    steps = [r for r in records if int(r.get("step", 0)) > 0 and "timing_s/step" in r]
+    vals = [(int(r["step"]), val_accuracy(r)) for r in records if val_accuracy(r) is not None]
+    lines = [f"{len(steps)} training steps recorded"]
+    if vals:
+        lines.append("validation accuracy: " + ", ".join(f"step {s}: {a:.3f}" for s, a in vals))
+    if steps:
+        last = steps[-1]
+        for k in ("train/gen_acc/mean", "response_length/mean", "actor/entropy", "actor/mean_prob",
+                  "train/num_gen_batches", "train/kept_group_ratio", "train/gen_samples_total"):  # fmt: skip
+            if last.get(k) is not None:
+                lines.append(f"last step {k} = {last[k]:.4g}")
+        tot = sum(r.get("timing_s/step", 0.0) or 0.0 for r in steps)
+        lines.append(f"step time total {tot:.0f}s, mean {tot / len(steps):.2f}s")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="dapo report", description=__doc__.split("\n\n")[0])
+    p.add_argument("run", help="run directory (holds metrics.jsonl), e.g. runs/tiny")
+    p.add_argument("--out", default=None, help="PNG path (default RUN/health.png)")
+    p.add_argument("--json", action="store_true", help="print the last record as JSON too")
+    args = p.parse_args(argv)
+    run = Path(args.run)
+    try:
+        png = plot_run(run, args.out)
+    except FileNotFoundError as exc:
+        print(f"dapo report: {exc}", file=sys.stderr)
+        return 1
+    records = read_jsonl(run / "metrics.jsonl")
+    print(text_summary(records))
+    if args.json and records:
+        print(json.dumps(records[-1], indent=2, sort_keys=True))
+    print(f"plots: {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

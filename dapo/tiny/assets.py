@@ -1,0 +1,138 @@
+"""Build (or reuse) the tiny preset's assets in a cache directory: tokenizer, task parquet files, warm-started policy.
+
+Layout (``<cache>/<key>/`` where ``key`` hashes the ``local:`` spec and :data:`ASSETS_VERSION`, so a changed spec
+never reuses stale files)::
+
+    tokenizer/            PreTrainedTokenizerFast + chat template (trained on the task corpus)
+    data/train.parquet    DAPO-Math-17k schema
+    data/validation.parquet
+    init/                 the randomly initialised Qwen2ForCausalLM (+ tokenizer)
+    policy/               the warm-started policy RL starts from (+ tokenizer), warm_start.json (loss, seconds)
+
+Each stage is written to a temporary directory and renamed into place, so an interrupted build is redone, never
+half-used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ASSETS_VERSION = 1
+
+
+@dataclass
+class TinyAssets:
+    root: Path
+    tokenizer_dir: Path
+    train_file: Path
+    val_file: Path
+    init_dir: Path
+    policy_dir: Path
+    warm_start: dict
+
+
+def spec_key(local) -> str:
+    payload = {
+        "version": ASSETS_VERSION,
+        "model": dataclasses.asdict(local.model),
+        "task": dataclasses.asdict(local.task),
+        "warm_start": dataclasses.asdict(local.warm_start),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _atomic_dir(final: Path, build: Callable[[Path], None]) -> Path:
+    if final.exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        build(tmp)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyAssets:
+    """Everything the tiny run needs, under ``cache_dir/<key>``; cheap when already built."""
+    import torch
+
+    from dapo.tiny.model import build_model
+    from dapo.tiny.task import dapo_prompt, make_problems, write_parquet
+    from dapo.tiny.tokenizer import train_tokenizer
+
+    if local is None:
+        raise ValueError("the tiny model needs the preset's 'local:' section")
+    t = local.task
+    root = Path(cache_dir) / spec_key(local)
+    train, val = make_problems(t.digits, t.n_train, t.n_val, t.seed)
+
+    def build_tokenizer(d: Path) -> None:
+        corpus = ["user\n" + dapo_prompt(p.text()) for p in train[:500]]
+        corpus += ["assistant\n" + p.response() for p in train]
+        corpus += ["assistant\n" + p.response(forget_carry=True) for p in train[:500]]
+        train_tokenizer(corpus, local.model.vocab_size, d)
+
+    def build_data(d: Path) -> None:
+        write_parquet(train, "train", d / "train.parquet")
+        write_parquet(val, "validation", d / "validation.parquet")
+
+    tok_dir = _atomic_dir(root / "tokenizer", build_tokenizer)
+    data_dir = _atomic_dir(root / "data", build_data)
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+
+    def build_init(d: Path) -> None:
+        build_model(local.model, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, d)
+        tokenizer.save_pretrained(str(d))
+
+    init_dir = _atomic_dir(root / "init", build_init)
+
+    def build_policy(d: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from dapo.tiny.warmstart import sft
+
+        ws = local.warm_start
+        model = AutoModelForCausalLM.from_pretrained(str(init_dir), dtype=torch.float32)
+        info = {"steps": 0, "loss": None, "seconds": 0.0}
+        if ws.enable and ws.steps > 0:
+            log(
+                f"warm start: supervised training of the tiny policy ({ws.steps} steps x {ws.batch_size}, "
+                f"mistake rate {ws.mistake_rate} on carrying problems); cached for reruns"
+            )
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(local.model.seed)
+                info = sft(
+                    model, tokenizer, train, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
+                    mistake_rate=ws.mistake_rate, seed=local.model.seed, log=log,
+                )
+        model.save_pretrained(str(d))
+        tokenizer.save_pretrained(str(d))
+        (d / "warm_start.json").write_text(json.dumps(info, indent=2))
+
+    t0 = time.time()
+    policy_dir = _atomic_dir(root / "policy", build_policy)
+    if time.time() - t0 > 1:
+        log(f"warm start: done in {time.time() - t0:.0f}s -> {policy_dir}")
+    return TinyAssets(
+        root=root,
+        tokenizer_dir=tok_dir,
+        train_file=data_dir / "train.parquet",
+        val_file=data_dir / "validation.parquet",
+        init_dir=init_dir,
+        policy_dir=policy_dir,
+        warm_start=json.loads((policy_dir / "warm_start.json").read_text()),
+    )

@@ -1,0 +1,136 @@
+"""A synthetic math task in the DAPO-Math-17k schema: integer addition with a DAPO-style ``Answer:`` line.
+
+Every row has the columns of DAPO-Math-17k (``data_source``, ``prompt`` -- a chat list with one user turn holding the
+full DAPO prompt template --, ``ability``, ``reward_model`` = ``{"style": "rule", "ground_truth": "85"}``,
+``extra_info``), so the same loop, verifier and data tooling serve the tiny run and the 32B run.
+
+Reference response (what the supervised warm start imitates): column addition, units first, the carry written out,
+then the DAPO answer line. For 47 + 38::
+
+    7+8=15
+    4+3+1=8
+    Answer: 85
+
+The warm start's labels carry a *systematic, plausible mistake* part of the time: on problems where a column
+carries, a fraction ``mistake_rate`` of the labels "forget the carry" (``4+3=7`` ... ``Answer: 75``). The
+warm-started policy thus has both behaviours; RL with the verifier's reward then has something real to select (see
+docs/tiny.md for what this does and does not demonstrate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DATA_SOURCE = "tiny-addition"
+
+# The DAPO-Math-17k prompt template (stored verbatim in every row; the tokenizer covers it).
+PROMPT_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+PROMPT_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+
+
+def dapo_prompt(problem: str) -> str:
+    """The user message of a DAPO-Math-17k row for ``problem``."""
+    return f"{PROMPT_PREFIX}{problem}{PROMPT_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class Problem:
+    a: int
+    b: int
+
+    @property
+    def answer(self) -> int:
+        return self.a + self.b
+
+    @property
+    def carries(self) -> bool:
+        """True when some column of the written addition carries."""
+        a, b = self.a, self.b
+        while a or b:
+            if a % 10 + b % 10 >= 10:
+                return True
+            a, b = a // 10, b // 10
+        return False
+
+    def columns(self) -> int:
+        return max(len(str(self.a)), len(str(self.b)))
+
+    def solution(self, forget_carry: bool = False) -> tuple[str, int]:
+        """(response text, its final answer): one line per column, units first, then ``Answer: <n>``.
+
+        ``forget_carry``: the systematic mistake -- carries are never added to the next column (nor written as a
+        leading digit).
+        """
+        lines, digits, carry = [], [], 0
+        for i in range(self.columns()):
+            da, db = (self.a // 10**i) % 10, (self.b // 10**i) % 10
+            total = da + db + carry
+            lines.append(f"{da}+{db}+{carry}={total}" if carry else f"{da}+{db}={total}")
+            digits.append(total % 10)
+            carry = 0 if forget_carry else total // 10
+        if carry:
+            digits.append(carry)
+        answer = int("".join(str(d) for d in reversed(digits)))
+        return "\n".join(lines + [f"Answer: {answer}"]), answer
+
+    @property
+    def no_carry_answer(self) -> int:
+        """The "forgot the carry" answer."""
+        return self.solution(forget_carry=True)[1]
+
+    def text(self) -> str:
+        return f"What is {self.a} + {self.b}?"
+
+    def response(self, forget_carry: bool = False) -> str:
+        return self.solution(forget_carry)[0]
+
+
+def make_problems(digits: int, n_train: int, n_val: int, seed: int) -> tuple[list[Problem], list[Problem]]:
+    """Disjoint train / validation problems: ordered pairs (a, b) with up to ``digits`` digits each."""
+    if digits < 1:
+        raise ValueError(f"local.task.digits must be >= 1, got {digits}")
+    hi = 10**digits
+    total = hi * hi
+    if n_train + n_val > total:
+        raise ValueError(
+            f"local.task: n_train + n_val = {n_train + n_val} exceeds the {total} distinct {digits}-digit problems"
+        )
+    rng = np.random.default_rng(seed)
+    flat = rng.choice(total, size=n_train + n_val, replace=False)
+    probs = [Problem(int(i // hi), int(i % hi)) for i in flat]
+    return probs[:n_train], probs[n_train:]
+
+
+def to_row(p: Problem, split: str, index: int) -> dict[str, Any]:
+    """One row in the DAPO-Math-17k schema."""
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": dapo_prompt(p.text())}],
+        "ability": "MATH",
+        "reward_model": {"style": "rule", "ground_truth": str(p.answer)},
+        "extra_info": {"split": split, "index": index, "a": p.a, "b": p.b},
+    }
+
+
+def write_parquet(problems: list[Problem], split: str, path: Path) -> Path:
+    import pandas as pd
+
+    rows = [to_row(p, split, i) for i, p in enumerate(problems)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.parquet")
+    pd.DataFrame(rows).to_parquet(tmp, index=False)
+    tmp.replace(path)
+    return path
+
+
+def sft_response(p: Problem, rng: np.random.Generator, mistake_rate: float) -> str:
+    """A warm-start label: correct, or -- on carrying problems, with probability ``mistake_rate`` -- the
+    "forgot the carry" solution."""
+    return p.response(forget_carry=bool(p.carries and rng.random() < mistake_rate))

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""One short DAPO run of a larger tiny-preset variant on one CUDA device; prints throughput and MFU.
+
+    python scripts/gpu_tiny.py                      # cuda, ~25M-parameter Qwen2 model, a few minutes
+    python scripts/gpu_tiny.py --device cpu --smoke # the same code path, minutes-free (CI runs this)
+
+It builds the tiny task and tokenizer, a Qwen2-architecture model of ``--hidden``/``--layers`` (head_dim 64), a short
+supervised warm start, then ``--steps`` DAPO rollout steps with the local backend (the same loop as ``dapo train``),
+and prints:
+
+- generation tokens/s (response tokens produced, KV-cache decoding) and update tokens/s (prompt + response tokens
+  through forward+backward),
+- model FLOP utilisation (MFU) of the update and of the old-log-prob pass against the card's dense bf16 peak
+  (``--peak-tflops``, default from the device name: H100/H200 989, A100 312, L40S 362, L4 121), counting
+  ``6 * N * tokens`` for forward+backward and ``2 * N * tokens`` for a forward (N = non-embedding parameters +
+  the LM head; attention FLOPs ignored, small at these lengths). Generation MFU is reported too but decoding a
+  small model is latency-bound, not FLOP-bound.
+
+Results go to stdout and ``<run-dir>/gpu_tiny.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0,
+                    "L4": 121.0, "A10": 125.0, "B200": 2250.0, "GH200": 989.0}  # fmt: skip
+
+
+def peak_tflops(device_name: str) -> float | None:
+    name = device_name.upper()
+    for key in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
+        if key in name:
+            return PEAK_BF16_TFLOPS[key]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 steps: checks the code path, numbers meaningless")
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warm-steps", type=int, default=300)
+    p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of the device (TFLOP/s)")
+    p.add_argument("--run-dir", default=None)
+    args = p.parse_args(argv)
+
+    import torch
+
+    from dapo.backends.local import build
+    from dapo.config import load_preset
+    from dapo.loop import DAPOLoop, configure_determinism
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_tiny: no CUDA device here; run with --device cpu --smoke to check the code path", file=sys.stderr)
+        return 2
+    if args.smoke:
+        hidden, layers, heads, inter = 64, 1, 2, 128
+        overrides = [
+            "local.warm_start.steps=3", "local.warm_start.batch_size=16", "local.task.n_train=200",
+            "local.task.n_val=16", "recipe.data.train_batch_size=4", "recipe.data.gen_batch_size=6",
+            "recipe.rollout.n=4", "recipe.actor.ppo_mini_batch_size=4", "recipe.filter_groups.max_num_gen_batches=0",
+            "recipe.trainer.total_training_steps=2", "recipe.trainer.test_freq=2", "recipe.trainer.save_freq=0",
+        ]  # fmt: skip
+    else:
+        hidden, layers, inter = args.hidden, args.layers, 4 * args.hidden
+        heads = max(1, hidden // 64)
+        overrides = [
+            f"local.warm_start.steps={args.warm_steps}", "local.warm_start.batch_size=256",
+            "local.task.n_train=8000", "local.task.n_val=512", "recipe.data.train_batch_size=64",
+            "recipe.data.gen_batch_size=96", "recipe.rollout.n=16", "recipe.actor.ppo_mini_batch_size=32",
+            "local.micro_batch_size=512", f"recipe.trainer.total_training_steps={args.steps}",
+            f"recipe.trainer.test_freq={args.steps}", "recipe.trainer.save_freq=0",
+            "recipe.filter_groups.max_num_gen_batches=0",
+        ]  # fmt: skip
+    overrides += [
+        f"local.model.hidden_size={hidden}", f"local.model.num_hidden_layers={layers}",
+        f"local.model.num_attention_heads={heads}", f"local.model.num_key_value_heads={heads}",
+        f"local.model.intermediate_size={inter}", f"placement.device={args.device}",
+        "recipe.trainer.logger=[console]", "recipe.trainer.resume_mode=disable",
+    ]  # fmt: skip
+    preset = load_preset("tiny", overrides)
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="dapo-gpu-tiny-"))
+    configure_determinism(preset.recipe.trainer.seed, deterministic=False)
+    t0 = time.time()
+    backend, train_rows, val_rows, _ = build(preset, run_dir)
+    setup_s = time.time() - t0
+    dev = backend.device
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=False)
+    t1 = time.time()
+    rc = loop.fit()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    train_s = time.time() - t1
+
+    m = backend.model
+    n_total = sum(q.numel() for q in m.parameters())
+    n_embed = m.get_input_embeddings().weight.numel()
+    tied = bool(getattr(m.config, "tie_word_embeddings", False))
+    n_flop = n_total - n_embed + (n_embed if tied else 0)  # the LM head matmul counts; the embedding lookup does not
+    c = backend.counters
+    peak = args.peak_tflops or (peak_tflops(name) if dev.type == "cuda" else None)
+    from dapo.metrics import read_jsonl
+
+    recs = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "timing_s/old_log_prob" in r]
+    oldlp_s = sum(r["timing_s/old_log_prob"] for r in recs)
+    upd_tok_s = c["update_tokens"] / c["update_seconds"] if c["update_seconds"] else 0.0
+    gen_tok_s = c["gen_tokens"] / c["gen_seconds"] if c["gen_seconds"] else 0.0
+    upd_tflops = 6 * n_flop * upd_tok_s / 1e12
+    oldlp_tflops = 2 * n_flop * (c["update_tokens"] / max(1, preset.recipe.actor.ppo_epochs)) / oldlp_s / 1e12 if oldlp_s else 0.0
+    gen_tflops = 2 * n_flop * gen_tok_s / 1e12
+    res = {
+        "device": name,
+        "exit_code": rc,
+        "params": n_total,
+        "params_flop": n_flop,
+        "setup_seconds": setup_s,
+        "train_seconds": train_s,
+        "steps": loop.step,
+        "gen_tokens": c["gen_tokens"],
+        "gen_tokens_per_s": gen_tok_s,
+        "update_tokens": c["update_tokens"],
+        "update_tokens_per_s": upd_tok_s,
+        "update_tflops": upd_tflops,
+        "old_log_prob_tflops": oldlp_tflops,
+        "gen_tflops": gen_tflops,
+        "peak_tflops": peak,
+        "mfu_update": upd_tflops / peak if peak else None,
+        "mfu_old_log_prob": oldlp_tflops / peak if peak else None,
+        "mfu_gen": gen_tflops / peak if peak else None,
+        "val_acc": loop.summary().get("val_acc"),
+        "smoke": args.smoke,
+    }
+    (run_dir / "gpu_tiny.json").write_text(json.dumps(res, indent=2))
+
+    def pct(x):
+        return "n/a (no peak for this device; --peak-tflops)" if x is None else f"{x:.1%}"
+
+    print(f"device {name} | model {n_total / 1e6:.1f}M params ({n_flop / 1e6:.1f}M in matmuls) | "
+          f"{loop.step} steps in {train_s:.1f}s (setup {setup_s:.1f}s)")
+    print(f"generation: {c['gen_tokens']} tokens, {gen_tok_s:,.0f} tokens/s, {gen_tflops:.2f} TFLOP/s, MFU {pct(res['mfu_gen'])}")
+    print(f"update:     {c['update_tokens']} tokens, {upd_tok_s:,.0f} tokens/s, {upd_tflops:.2f} TFLOP/s, "
+          f"MFU {pct(res['mfu_update'])}")
+    print(f"old log-prob: {oldlp_tflops:.2f} TFLOP/s, MFU {pct(res['mfu_old_log_prob'])}")
+    print(f"validation accuracy by step: {res['val_acc']}")
+    print(f"results: {run_dir / 'gpu_tiny.json'}")
+    return 0 if rc == 0 else rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

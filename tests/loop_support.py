@@ -1,0 +1,134 @@
+"""Test helpers for the DAPO loop: a scripted numpy backend and shrunken tiny presets."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from dapo.backends.base import Backend, Rollout, Sampling
+
+# A tiny-preset variant that runs in seconds: a 1-layer model of hidden 64, a short warm start, few steps.
+SMALL_TINY = [
+    "local.model.hidden_size=64",
+    "local.model.num_hidden_layers=1",
+    "local.model.num_attention_heads=2",
+    "local.model.num_key_value_heads=2",
+    "local.model.intermediate_size=128",
+    "local.task.n_train=400",
+    "local.task.n_val=32",
+    "local.warm_start.steps=30",
+    "local.warm_start.batch_size=32",
+    "recipe.data.train_batch_size=4",
+    "recipe.data.gen_batch_size=6",
+    "recipe.rollout.n=4",
+    "recipe.actor.ppo_mini_batch_size=2",
+    "local.micro_batch_size=8",
+    "recipe.filter_groups.max_num_gen_batches=0",
+    "recipe.trainer.logger=[console]",
+    "placement.device=cpu",
+]
+
+
+def make_rows(p_correct: list[float], data_source: str = "fake") -> list[dict[str, Any]]:
+    """DAPO-schema rows; ``extra_info.p`` is the chance the scripted policy answers a row correctly."""
+    return [
+        {
+            "data_source": data_source,
+            "prompt": [{"role": "user", "content": f"problem {i}"}],
+            "reward_model": {"style": "rule", "ground_truth": str(100 + i)},
+            "extra_info": {"index": i, "p": float(p)},
+        }
+        for i, p in enumerate(p_correct)
+    ]
+
+
+class ScriptedBackend(Backend):
+    """A numpy backend: answers a row correctly with probability ``extra_info.p``; records what the loop sends.
+
+    ``lengths``: response length of every response (``max_tokens`` -> truncated); ``entropy`` the value
+    ``compute_old_log_probs`` reports.
+    """
+
+    def __init__(self, seed: int = 0, length: int = 5, entropy: float = 0.5, truncate_every: int = 0):
+        self.rng = np.random.default_rng(seed)
+        self.length, self.entropy, self.truncate_every = length, entropy, truncate_every
+        self.generate_calls: list[tuple[int, Sampling]] = []
+        self.updates: list[dict[str, Any]] = []
+        self.saved: list[str] = []
+        self.weights = 0.0  # stands for the model: each update adds the mean advantage
+
+    def generate(self, prompts, sampling: Sampling, group_ids: Optional[list] = None) -> Rollout:
+        self.generate_calls.append((len(prompts), sampling))
+        if group_ids is None:
+            group_ids = [f"val-{i}" for i in range(len(prompts))]
+        n = sampling.n
+        rows = [r for r in prompts for _ in range(n)]
+        texts, lengths, trunc = [], [], []
+        for k, r in enumerate(rows):
+            ok = self.rng.random() < r["extra_info"]["p"]
+            texts.append(f"Answer: {r['reward_model']['ground_truth'] if ok else 'wrong'}")
+            long = self.truncate_every and k % self.truncate_every == 0
+            lengths.append(sampling.max_tokens if long else self.length)
+            trunc.append(bool(long))
+        N = len(rows)
+        return Rollout(
+            group_ids=np.asarray([g for g in group_ids for _ in range(n)], dtype=object),
+            prompt_rows=rows,
+            response_text=texts,
+            response_length=np.asarray(lengths, dtype=np.int64),
+            truncated=np.asarray(trunc, dtype=bool),
+            data={"row": np.arange(N)},
+        )
+
+    def select(self, rollout: Rollout, index: np.ndarray) -> Rollout:
+        idx = np.asarray(index, dtype=np.int64)
+        return Rollout(
+            group_ids=np.asarray(rollout.group_ids, dtype=object)[idx],
+            prompt_rows=[rollout.prompt_rows[i] for i in idx],
+            response_text=[rollout.response_text[i] for i in idx],
+            response_length=np.asarray(rollout.response_length)[idx],
+            truncated=np.asarray(rollout.truncated)[idx],
+            data={"row": rollout.data["row"][idx]},
+        )
+
+    def concat(self, rollouts: list[Rollout]) -> Rollout:
+        return Rollout(
+            group_ids=np.concatenate([r.group_ids for r in rollouts]),
+            prompt_rows=[x for r in rollouts for x in r.prompt_rows],
+            response_text=[x for r in rollouts for x in r.response_text],
+            response_length=np.concatenate([r.response_length for r in rollouts]),
+            truncated=np.concatenate([r.truncated for r in rollouts]),
+            data={"row": np.concatenate([r.data["row"] for r in rollouts])},
+        )
+
+    def compute_old_log_probs(self, batch: Rollout) -> dict[str, float]:
+        batch.data["old"] = True
+        return {"actor/entropy": self.entropy, "actor/mean_prob": 0.5}
+
+    def update(self, batch: Rollout, advantages, loss_mask=None) -> dict[str, float]:
+        assert batch.data.get("old"), "update before compute_old_log_probs"
+        self.updates.append({
+            "batch": batch, "advantages": np.asarray(advantages), "loss_mask": None if loss_mask is None
+            else np.asarray(loss_mask),
+        })  # fmt: skip
+        self.weights += float(np.mean(advantages))
+        return {"actor/pg_loss": 0.0, "actor/pg_clipfrac": 0.0, "actor/pg_clipfrac_lower": 0.0, "actor/lr": 1.0}
+
+    def save_checkpoint(self, directory: str) -> None:
+        import json
+        import os
+
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "scripted.json"), "w") as f:
+            json.dump({"weights": self.weights, "rng": self.rng.bit_generator.state}, f)
+        self.saved.append(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        import json
+        import os
+
+        with open(os.path.join(directory, "scripted.json")) as f:
+            st = json.load(f)
+        self.weights = st["weights"]
+        self.rng.bit_generator.state = st["rng"]

@@ -1,0 +1,147 @@
+"""The DAPO loop (dapo.loop) driven by a scripted backend: dynamic sampling refill, advantages, overlong filtering,
+cadence, metrics, resume state, the sampler-exhausted exit. Fast: no model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dapo.advantage import group_advantages
+from dapo.config import load_preset
+from dapo.health import EXIT_SAMPLER_EXHAUSTED
+from dapo.loop import DAPOLoop, PromptStream
+from dapo.metrics import METRICS, describe, read_jsonl
+from dapo.reward import compute_score
+from loop_support import ScriptedBackend, make_rows
+
+BASE = [
+    "recipe.data.train_batch_size=4",
+    "recipe.data.gen_batch_size=6",
+    "recipe.rollout.n=4",
+    "recipe.actor.ppo_mini_batch_size=2",
+    "recipe.trainer.logger=[console]",
+    "recipe.trainer.total_training_steps=3",
+    "recipe.trainer.test_freq=2",
+    "recipe.trainer.save_freq=0",
+    "recipe.filter_groups.max_num_gen_batches=0",
+]
+
+
+def _loop(tmp_path, overrides=(), p=None, backend=None, n_rows=60, val=8):
+    preset = load_preset("tiny", BASE + list(overrides))
+    # a third of the prompts are always right, a third always wrong, a third a coin flip
+    probs = p if p is not None else [(0.0, 0.5, 1.0)[i % 3] for i in range(n_rows)]
+    backend = backend or ScriptedBackend(seed=0)
+    loop = DAPOLoop(preset, backend, make_rows(probs), make_rows([0.5] * val, "fake-val"), tmp_path, progress=False,
+                    log=lambda s: None)  # fmt: skip
+    return loop, backend
+
+
+def test_dynamic_sampling_refills_to_a_full_batch_of_varying_groups(tmp_path):
+    loop, be = _loop(tmp_path, ["recipe.data.shuffle=false"])
+    assert loop.fit() == 0
+    assert len(be.updates) == 3
+    for u in be.updates:
+        batch = u["batch"]
+        assert len(batch) == 4 * 4  # train_batch_size prompts x n, surplus cut
+        acc = np.array([compute_score(t, r["reward_model"]["ground_truth"])["acc"] for t, r in
+                        zip(batch.response_text, batch.prompt_rows)])  # fmt: skip
+        gids = np.asarray(batch.group_ids)
+        for g in set(gids.tolist()):
+            a = acc[gids == g]
+            assert len(a) == 4 and 0 < a.sum() < 4, "a kept group must have both right and wrong answers"
+    recs = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    # in file order every generation batch of 6 prompts holds 2 coin-flip prompts, the only ones that can vary:
+    # one batch can never fill 4 groups
+    assert all(r["train/num_gen_batches"] >= 2 for r in recs)
+    assert all(0 < r["train/kept_group_ratio"] < 0.5 for r in recs)
+    assert recs[-1]["train/gen_samples_total"] == sum(r["train/num_gen_samples"] for r in recs)
+
+
+def test_advantages_sent_to_the_update_are_group_normalised_rewards(tmp_path):
+    loop, be = _loop(tmp_path, ["recipe.reward.overlong_buffer.enable=false"])
+    loop.fit()
+    u = be.updates[0]
+    batch = u["batch"]
+    rewards = np.array([compute_score(t, r["reward_model"]["ground_truth"])["score"] for t, r in
+                        zip(batch.response_text, batch.prompt_rows)])  # fmt: skip
+    np.testing.assert_allclose(u["advantages"], group_advantages(rewards, batch.group_ids), atol=1e-12)
+    assert u["loss_mask"] is None  # overlong filtering off
+
+
+def test_overlong_filtering_masks_truncated_responses_and_soft_punishment_shapes_reward(tmp_path):
+    be = ScriptedBackend(seed=1, truncate_every=3)
+    loop, be = _loop(tmp_path, ["recipe.reward.overlong_filter=true", "recipe.filter_groups.enable=false",
+                                "recipe.data.gen_batch_size=4"], backend=be)  # fmt: skip
+    loop.fit()
+    u = be.updates[0]
+    np.testing.assert_array_equal(u["loss_mask"], ~u["batch"].truncated)
+    assert (~u["loss_mask"]).sum() > 0
+    rec = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["step"] == 1][0]
+    assert rec["train/num_filtered_responses"] == float((~u["loss_mask"]).sum())
+    # a truncated response has length max_response_length: the soft overlong punishment gives it -1 - factor
+    assert rec["critic/score/min"] == pytest.approx(-2.0)
+    assert rec["response_length/clip_ratio"] == pytest.approx(float(u["batch"].truncated.mean()))
+
+
+def test_validation_cadence_and_metric_names_follow_verl(tmp_path):
+    loop, be = _loop(tmp_path)
+    loop.fit()
+    recs = read_jsonl(tmp_path / "metrics.jsonl")
+    val_steps = [r["step"] for r in recs if "val-core/fake-val/acc/mean@1" in r]
+    assert val_steps == [0, 2, 3]  # before training, every test_freq=2, and the last step
+    val_calls = [s for _, s in be.generate_calls if s.n == 1 and not s.do_sample]
+    assert len(val_calls) == 3 and val_calls[0].temperature == 0.0
+    step = [r for r in recs if r["step"] == 1][0]
+    for name in ("critic/score/mean", "critic/rewards/mean", "response_length/mean", "response_length/clip_ratio",
+                 "actor/entropy", "actor/mean_prob", "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
+                 "train/num_gen_batches", "train/kept_group_ratio", "timing_s/gen", "timing_s/update_actor",
+                 "timing_s/step"):  # fmt: skip
+        assert name in step, name
+    for name in step:
+        if name not in ("step", "ts"):
+            assert describe(name) is not None, f"{name} is not in dapo.metrics.METRICS"
+    assert "val-core/{ds}/acc/mean@{k}" in METRICS
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["val_acc"]) == {"0", "2", "3"}
+    assert (tmp_path / "health.png").exists()
+
+
+def test_sampler_exhausted_saves_a_checkpoint_and_exits_4(tmp_path):
+    loop, be = _loop(tmp_path, ["recipe.filter_groups.max_num_gen_batches=2"], p=[1.0] * 60)
+    assert loop.fit() == EXIT_SAMPLER_EXHAUSTED
+    assert be.updates == []
+    assert (tmp_path / "checkpoints" / "global_step_0" / "COMPLETE").exists()
+
+
+def test_resume_continues_data_order_and_rng_exactly(tmp_path):
+    a, be_a = _loop(tmp_path / "a", ["recipe.trainer.save_freq=1"])
+    assert a.fit() == 0
+    b, be_b = _loop(tmp_path / "b", ["recipe.trainer.save_freq=1", "recipe.trainer.total_training_steps=2"])
+    assert b.fit() == 0
+    # continue run b to 3 steps from its checkpoint with a fresh loop and backend
+    c, be_c = _loop(tmp_path / "b", ["recipe.trainer.save_freq=1"], backend=ScriptedBackend(seed=99))
+    assert c.fit() == 0
+    assert be_c.weights == pytest.approx(be_a.weights, abs=0)
+    np.testing.assert_array_equal(be_c.updates[-1]["advantages"], be_a.updates[-1]["advantages"])
+    last = lambda d: [r for r in read_jsonl(d / "metrics.jsonl") if r["step"] == 3][0]  # noqa: E731
+    ra, rc = last(tmp_path / "a"), last(tmp_path / "b")
+    for k in ra:
+        if not k.startswith("timing_s/") and k != "ts":
+            assert ra[k] == rc[k], k
+
+
+def test_prompt_stream_covers_each_epoch_once_and_restores_its_cursor():
+    s = PromptStream(10, seed=3)
+    first = np.concatenate([s.take(3) for _ in range(3)])
+    assert sorted(first.tolist()) == sorted(set(first.tolist())) and len(first) == 9
+    state = s.state_dict()
+    nxt = s.take(3)  # 1 left in epoch 0: dropped, epoch 1 starts
+    assert s.epoch == 1
+    t = PromptStream(10, seed=3)
+    t.load_state_dict(state)
+    np.testing.assert_array_equal(t.take(3), nxt)
+    with pytest.raises(ValueError, match="exceeds"):
+        t.take(11)
