@@ -37,19 +37,22 @@ SETS = sorted(render_script().RENDER_SETS)
 CI_VALUES = sorted((CHART_DIR / "ci").glob("*.yaml"))
 
 
-def _all_renderings():
-    out = []
-    for name in SETS:
-        files, release = set_files(name)
-        out.append((name, python_objects(files, release=release, namespace="ml")))
-    for path in CI_VALUES:
-        out.append((f"ci/{path.stem}", helm_objects(yaml.safe_load(path.read_text()) or {})))
-    return out
+CASES = [("set", n) for n in SETS] + [("ci", p) for p in CI_VALUES]
+CASE_IDS = SETS + [f"ci/{p.stem}" for p in CI_VALUES]
 
 
 @functools.lru_cache(maxsize=None)
+def rendering(index: int):
+    """(name, objects) of one values set: a broken preset fails only its own cases."""
+    kind, item = CASES[index]
+    if kind == "set":
+        files, release = set_files(item)
+        return item, python_objects(files, release=release, namespace="ml")
+    return f"ci/{item.stem}", helm_objects(yaml.safe_load(item.read_text()) or {})
+
+
 def renderings():
-    return _all_renderings()
+    return [rendering(i) for i in range(len(CASES))]
 
 
 def _strict(schema):
@@ -67,7 +70,7 @@ def _strict(schema):
 
 @functools.lru_cache(maxsize=None)
 def crd_validator(crd_path: str, version: str = "v1"):
-    crd = yaml.safe_load(Path(crd_path).read_text())
+    crd = yaml.load(Path(crd_path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     (ver,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
     return jsonschema.Draft202012Validator(_strict(ver["schema"]["openAPIV3Schema"]))
 
@@ -76,10 +79,9 @@ def _errors(validator, obj):
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
 
 
-@pytest.mark.parametrize("index", range(len(SETS) + len(CI_VALUES)),
-                         ids=SETS + [f"ci/{p.stem}" for p in CI_VALUES])
+@pytest.mark.parametrize("index", range(len(CASES)), ids=CASE_IDS)
 def test_builtin_kinds_and_pod_templates_are_valid_kubernetes_1_30(index):
-    name, objects = renderings()[index]
+    name, objects = rendering(index)
     for obj in objects:
         if obj["apiVersion"] == "ray.io/v1":
             for role, template in pod_templates(obj):
@@ -90,11 +92,10 @@ def test_builtin_kinds_and_pod_templates_are_valid_kubernetes_1_30(index):
             kubernetes_validate.validate(obj, "1.30", strict=True)
 
 
-@pytest.mark.parametrize("index", range(len(SETS) + len(CI_VALUES)),
-                         ids=SETS + [f"ci/{p.stem}" for p in CI_VALUES])
+@pytest.mark.parametrize("index", range(len(CASES)), ids=CASE_IDS)
 def test_rayjobs_match_the_kuberay_v1_7_crd_and_controller_rules(index, crd_dir):
     validator = crd_validator(str(crd_dir / "ray.io_rayjobs.yaml"))
-    name, objects = renderings()[index]
+    name, objects = rendering(index)
     jobs = [o for o in objects if o["kind"] == "RayJob"]
     assert jobs
     for job in jobs:

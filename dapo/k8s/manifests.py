@@ -20,6 +20,10 @@ from typing import Any
 from dapo.k8s.presets import ValuesError, go_quote, go_string, merged_preset, preset_files, trainer_path
 from dapo.k8s.values import check, fullname, placement
 
+# Every job's runtime env: a driver calling ray.init(runtime_env=...) merges with it (Ray 2.60 refuses keys set in
+# both otherwise).
+JOB_ENV = {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
+
 # Labels only Helm writes; scripts/render.py output has none of them.
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 
@@ -123,7 +127,11 @@ class Chart:
         return " ".join(args + list(v["overrides"]))
 
     def train_runtime_env(self) -> dict[str, str]:
-        env = {k: go_string(val) for k, val in ((self.preset.get("placement") or {}).get("env") or {}).items()}
+        """RAY_OVERRIDE_JOB_RUNTIME_ENV=1, the preset's placement.env, then train.runtimeEnv. The override flag lets
+        the driver's own ray.init(runtime_env=...) (the verl backend sets the preset env and its loss module
+        there) merge with this job-level env instead of failing on keys both set; the driver's values win."""
+        env = dict(JOB_ENV)
+        env.update({k: go_string(val) for k, val in ((self.preset.get("placement") or {}).get("env") or {}).items()})
         env.update(self.v["train"]["runtimeEnv"])
         return env
 
@@ -166,7 +174,7 @@ class Chart:
             name=self.eval_job_name,
             job=ev,
             entrypoint=self.eval_entrypoint(),
-            runtime_env=dict(ev["runtimeEnv"]),
+            runtime_env={**JOB_ENV, **ev["runtimeEnv"]},
             image=image,
             nodes=int(ev["nodes"]),
             gpus=self.placement["evalGpus"],
@@ -250,7 +258,7 @@ class Chart:
                 {"name": "HF_HOME", "value": v["storage"]["hfHome"]},
                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
                     "name": s["name"], "key": s["hfTokenKey"], "optional": s["hfTokenOptional"]}}},
-            ],
+            ] + [{"name": k, "value": v["env"][k]} for k in sorted(v["env"])],
             "resources": copy.deepcopy(d["resources"]),
             "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
         }

@@ -335,6 +335,10 @@ The data preparation init container of the Ray head.
           name: {{ .root.Values.secret.name | quote }}
           key: {{ .root.Values.secret.hfTokenKey | quote }}
           optional: {{ .root.Values.secret.hfTokenOptional }}
+    {{- range $k, $val := .root.Values.env }}
+    - name: {{ $k | quote }}
+      value: {{ $val | quote }}
+    {{- end }}
   resources:
     {{- toYaml .root.Values.dataPrep.resources | nindent 4 }}
   volumeMounts:
