@@ -395,3 +395,21 @@ def test_eval_run_exports_serves_evaluates_and_tears_down(tmp_path, monkeypatch)
     assert calls["serve"].max_model_len == 2048 + 20480  # no max_position_embeddings in this config
     assert evaluate.main(["run", "--checkpoint-dir", str(tmp_path / "none"), "--test-file",
                           str(tmp_path / "aime.parquet")]) == 1  # fmt: skip
+
+
+def test_summary_is_logged_to_wandb_when_a_project_is_configured(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    make_parquet(tmp_path / "aime.parquet")
+    with FakeOpenAI(solver) as srv:
+        evaluate(cfg(srv.url), tmp_path / "aime.parquet", tmp_path / "out", progress=False,
+                 wandb_project="dapo-eval-test", wandb_run_name="step10")  # fmt: skip
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    tables = list(runs[0].rglob("per_problem*.table.json"))
+    assert len(tables) == 1
+    table = json.loads(tables[0].read_text())
+    assert table["columns"][:4] == ["problem", "samples", "correct", "acc"]
+    assert sorted((row[0], row[2]) for row in table["data"]) == [("0", 4), ("1", 1), ("2", 0)]
