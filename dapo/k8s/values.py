@@ -74,7 +74,12 @@ def parse_set(text: str) -> dict[str, Any]:
 
 def validate_schema(values: dict[str, Any], schema: dict[str, Any]) -> None:
     """Check values against the chart's values.schema.json; the message names the key like Helm does."""
-    import jsonschema
+    try:
+        import jsonschema
+    except ImportError as exc:  # pragma: no cover - part of the k8s extra
+        raise ValuesError(
+            "values: checking values.schema.json needs the jsonschema package (pip install 'dapo[k8s]')"
+        ) from exc
 
     validator = jsonschema.Draft7Validator(schema)
     errors = sorted(validator.iter_errors(values), key=lambda e: list(e.absolute_path))
