@@ -683,7 +683,8 @@ def evaluate(
         check_resume(responses, rows)
         done = len(responses.records)
         if done:
-            log.info("%s: %d of %d rows already answered; sending the other %d", out_dir, done, len(rows), len(rows) - done)
+            todo = len(rows) - done
+            log.info("%s: %d of %d rows already answered; sending the other %d", out_dir, done, len(rows), todo)
         reporter = _Progress(len(rows)) if progress else None
         stats = asyncio.run(run_requests(cfg, rows, responses, out_dir, progress=reporter, transport=transport))
         if reporter:
@@ -706,7 +707,8 @@ class _Progress:
     def __call__(self, done: int, total: int) -> None:
         frac = done / max(1, total)
         if frac >= self.next or done == total:
-            print(f"[eval] {done}/{total} answered ({100 * frac:.0f} %, {time.monotonic() - self.t0:.0f} s)", flush=True)
+            elapsed = time.monotonic() - self.t0
+            print(f"[eval] {done}/{total} answered ({100 * frac:.0f} %, {elapsed:.0f} s)", flush=True)
             self.next = frac + 0.05
 
     def close(self) -> None:

@@ -9,8 +9,8 @@ Layouts understood (``CKPT`` = the run's ``trainer.default_local_dir``):
   is rebuilt from its ranks' local pieces following its device mesh and placements (``Shard(d)``: concatenate along
   ``d`` in mesh order, ``Replicate``: take one copy), checked against its global shape, cast to ``dtype``
   (default bfloat16, what verl's own model merger writes) and streamed into ``model-0000i-of-0000n.safetensors``
-  files of at most ``max_shard_bytes`` with a ``model.safetensors.index.json``. Shards are memory-mapped, so a 32B
-  model merges without holding the full-precision shards in RAM. The merged weights equal those of
+  files of at most ``max_shard_bytes`` with a ``model.safetensors.index.json``. Shards are memory-mapped and merged
+  one entry at a time: peak memory is one output file (5 GB) plus one full-precision tensor, not the model. The merged weights equal those of
   ``python -m verl.model_merger merge --backend fsdp`` (tested against it).
 - **verl with ``hf_model`` in ``checkpoint.save_contents``**: ``actor/huggingface/`` already holds full weights;
   it is served as is.
@@ -148,8 +148,9 @@ def _merge_dtensor(pieces: list, key: str):
     return full
 
 
-def merge_fsdp_state_dict(actor: Path) -> tuple[dict, dict]:
-    """Load every rank's shard file (memory-mapped) and return (full state dict, fsdp_config)."""
+def load_fsdp_shards(actor: Path) -> tuple[list[dict], list[str], dict]:
+    """Every rank's shard file, memory-mapped (nothing is read until a tensor is used): (state dicts by rank, keys,
+    fsdp_config). Checks the shard set and key sets."""
     import torch
 
     cfg_path = actor / "fsdp_config.json"
@@ -181,28 +182,34 @@ def merge_fsdp_state_dict(actor: Path) -> tuple[dict, dict]:
             raise ExportError(f"{files[r]} holds other keys than rank 0's (e.g. {diff})")
     if any("lora_" in k for k in keys):
         raise ExportError(f"{actor} holds LoRA weights; merge it with verl's model merger (it writes an adapter)")
+    return shards, sorted(keys), fsdp_cfg
+
+
+def merge_entry(shards: list[dict], key: str):
+    """The full tensor of one state-dict entry, from every rank's piece."""
+    import torch
+
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch < 2.5
         from torch.distributed._tensor import DTensor
-    merged = {}
-    for key in keys:
-        pieces = [sd[key] for sd in shards]
-        if isinstance(pieces[0], DTensor):
-            merged[key] = _merge_dtensor(pieces, key)
-        elif isinstance(pieces[0], torch.Tensor):
-            # FSDP only makes DTensors of what it shards; plain entries are replicated on every rank
-            for r, p in enumerate(pieces[1:], start=1):
-                if p.shape != pieces[0].shape or not torch.equal(p, pieces[0]):
-                    raise ExportError(f"{key}: plain (replicated) entry differs between rank 0 and rank {r}")
-            merged[key] = pieces[0]
-        else:
-            raise ExportError(f"{key}: unsupported entry type {type(pieces[0]).__name__} in {files[0]}")
-    return merged, fsdp_cfg
+    pieces = [sd[key] for sd in shards]
+    if isinstance(pieces[0], DTensor):
+        return _merge_dtensor(pieces, key)
+    if isinstance(pieces[0], torch.Tensor):
+        # FSDP only makes DTensors of what it shards; plain entries are replicated on every rank
+        for r, p in enumerate(pieces[1:], start=1):
+            if p.shape != pieces[0].shape or not torch.equal(p, pieces[0]):
+                raise ExportError(f"{key}: plain (replicated) entry differs between rank 0 and rank {r}")
+        return pieces[0]
+    raise ExportError(f"{key}: unsupported entry type {type(pieces[0]).__name__}")
 
 
-def write_safetensors(state: dict, out: Path, dtype: str, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
-    """Cast floating tensors to ``dtype`` and write HF-style (sharded) safetensors + index. Returns file names."""
+def write_safetensors(
+    keys: list[str], get, out: Path, dtype: str, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+) -> list[str]:
+    """Stream ``get(key)`` for each key (sorted), cast floating tensors to ``dtype``, and write HF-style (sharded)
+    safetensors + index. At most one output shard plus one full-precision tensor is in memory. Returns file names."""
     import torch
     from safetensors.torch import save_file
 
@@ -224,8 +231,8 @@ def write_safetensors(state: dict, out: Path, dtype: str, max_shard_bytes: int =
         names.append(name)
         part, part_bytes = {}, 0
 
-    for key in sorted(state):
-        t = state[key]
+    for key in keys:
+        t = get(key)
         if t.is_floating_point():
             t = t.to(tdtype)
         t = t.contiguous().clone()  # own storage: detached from the mmap'd shard and from tied siblings
@@ -269,11 +276,11 @@ def merge_verl_fsdp(actor: Path, out: Path, dtype: str = "bfloat16", max_shard_b
     if dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     config = _copy_hf_metadata(actor / "huggingface", out, dtype)
-    state, _ = merge_fsdp_state_dict(actor)
-    if config.get("tie_word_embeddings") and "lm_head.weight" in state:
+    shards, keys, _ = load_fsdp_shards(actor)
+    if config.get("tie_word_embeddings") and "lm_head.weight" in keys:
         # tied: the HF loader (and vLLM) take the output projection from the embedding
-        del state["lm_head.weight"]
-    return write_safetensors(state, out, dtype, max_shard_bytes)
+        keys.remove("lm_head.weight")
+    return write_safetensors(keys, lambda key: merge_entry(shards, key), out, dtype, max_shard_bytes)
 
 
 # --------------------------------------------------------------------------------------------------------------------

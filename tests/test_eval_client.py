@@ -324,7 +324,9 @@ def test_sigkill_mid_run_then_rerun_has_every_row_exactly_once(tmp_path):
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with FakeOpenAI(solver, latency_s=0.05) as srv:
-        proc = subprocess.Popen([*cmd, "--base-url", srv.url], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [*cmd, "--base-url", srv.url], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if (out / RESPONSES).exists() and len((out / RESPONSES).read_bytes().splitlines()) >= 6:

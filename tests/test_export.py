@@ -242,3 +242,19 @@ def test_local_backend_checkpoints_are_served_as_is(tmp_path):
     assert res.action == "as-is" and res.step == 4 and res.path == root / "global_step_4" / "actor"
     with pytest.raises(ExportError, match="incomplete local-backend checkpoint"):
         export_checkpoint(root, 6, log=lambda *_: None)
+
+
+def test_tied_embeddings_export_without_lm_head(verl_ckpt, tmp_path):
+    ckpt = tmp_path / "tied"
+    shutil.copytree(verl_ckpt / "global_step_3", ckpt / "global_step_3")
+    cfg_path = ckpt / "global_step_3" / "actor" / "huggingface" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tie_word_embeddings"] = True
+    cfg_path.write_text(json.dumps(cfg))
+    res = export_checkpoint(ckpt, 3, tmp_path / "hf", dtype="float32", log=lambda *_: None)
+    merged = _load_safetensors_dir(res.path)
+    assert "lm_head.weight" not in merged and "model.embed_tokens.weight" in merged
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(res.path)
+    assert torch.equal(model.lm_head.weight, merged["model.embed_tokens.weight"])
