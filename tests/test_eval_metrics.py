@@ -141,8 +141,9 @@ def test_scores_from_the_verifier_flow_into_the_metrics():
 
 
 def test_avg_matches_verl_validation_mean_with_32_samples_per_problem():
-    """verl 0.9.1's process_validation_metrics gives acc/mean@N per prompt group, averaged over prompts; on
-    problems x 32 samples (the 960-row layout, shuffled) it must equal our avg@32 (and the DAPO script's sum(acc)/len(df))."""
+    """verl 0.9.1's process_validation_metrics gives acc/mean@N per prompt group, averaged over prompts; with 32
+    samples per problem, shuffled like the 960-row file, it must equal our avg@32 (and the DAPO script's
+    sum(acc) / len(df))."""
     metric_utils = pytest.importorskip("verl.trainer.ppo.metric_utils")
     rng = random.Random(7)
     rows = []
