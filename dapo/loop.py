@@ -236,6 +236,12 @@ class DAPOLoop:
                 self.sampler.finish_step()
                 raise
             timing["filter"] += time.perf_counter() - t2
+            nb = self.sampler.num_gen_batches
+            if fg.enable and not self.sampler.is_full() and nb % 10 == 0:
+                limit = fg.max_num_gen_batches if fg.max_num_gen_batches > 0 else "unlimited"
+                self.log(f"step {step}: dynamic sampling has {self.sampler.num_kept_groups} of "
+                         f"{r.data.train_batch_size} groups after {nb} generation batches (max_num_gen_batches: "
+                         f"{limit}); most groups are all-correct or all-wrong")
         t0 = time.perf_counter()
         selection = self.sampler.selection()
         batch = self.backend.concat([self.backend.select(s.batch[0], s.indices) for s in selection])

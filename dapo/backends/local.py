@@ -241,6 +241,7 @@ class LocalBackend(Backend):
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(seed))
         self._prompt_cache: dict[str, list[int]] = {}
+        self._warned_truncation = False
         self._next_gid = 0
         self.autocast = (
             (lambda: torch.autocast("cuda", dtype=torch.bfloat16))
@@ -288,6 +289,12 @@ class LocalBackend(Backend):
                         f"prompt of {len(ids)} tokens exceeds recipe.data.max_prompt_length={d.max_prompt_length} "
                         f"(row index {where.get('index', '?')}, data_source {row.get('data_source', '?')}); "
                         "raise the limit or set recipe.data.truncation: left"
+                    )
+                if not self._warned_truncation:
+                    self._warned_truncation = True
+                    print(
+                        f"warning: prompts longer than recipe.data.max_prompt_length={d.max_prompt_length} tokens are "
+                        f"truncated ({d.truncation}); first one: {len(ids)} tokens", flush=True,
                     )
                 ids = ids[-d.max_prompt_length :] if d.truncation == "left" else ids[: d.max_prompt_length]
             self._prompt_cache[key] = ids
