@@ -36,7 +36,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from dapo.fsutil import atomic_write, atomic_write_text, temp_beside
 
 # --------------------------------------------------------------------------------------------------------------------
 # Where the data lives
@@ -470,7 +471,7 @@ def dedup_file(src: str | os.PathLike, dst: str | os.PathLike, *, batch_rows: in
     keep = sc.first_rows()
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_beside(dst, ".tmp")
+    tmp = temp_beside(dst, ".tmp")
     writer = None
     offset = 0
     try:
@@ -512,26 +513,8 @@ def load_rows(path: str | os.PathLike, *, limit: Optional[int] = None) -> list[d
     return table.to_pylist()
 
 
-def _temp_beside(path: Path, suffix: str) -> Path:
-    """An empty temporary file next to ``path`` (same filesystem, so ``os.replace`` is atomic), with the permissions
-    a normal file would get (``mkstemp`` makes it 0600, which other pods' users could not read)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    return Path(tmp)
-
-
 def _atomic_write_table(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_beside(path, ".tmp")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def write_rows(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> Path:
@@ -549,16 +532,6 @@ def write_rows(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> Path:
     p = Path(path)
     _atomic_write_table(table, p)
     return p
-
-
-def _atomic_write_text(text: str, path: Path) -> None:
-    tmp = _temp_beside(path, ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -666,7 +639,7 @@ def _load_manifest(out: Path) -> dict[str, Any]:
 
 
 def _save_manifest(out: Path, manifest: dict[str, Any]) -> None:
-    _atomic_write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", out / MANIFEST)
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
 def _entry(report: FileReport, source: str, **extra: Any) -> dict[str, Any]:
@@ -707,7 +680,7 @@ def _fetch_one(out: Path, name: str, source: Source, manifest: dict[str, Any], *
     if not force and _up_to_date(target, entry, log):
         log(f"{name}: present, checksum matches the manifest -- skipped")
         return _report_from_entry(target, entry)
-    tmp = _temp_beside(target, ".download")
+    tmp = temp_beside(target, ".download")
     log(f"{name}: fetching {source.description}")
     try:
         source.fetch(tmp)

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from dapo.fsutil import fsync_dir
+
 log = logging.getLogger("dapo.eval")
 
 RESPONSES = "responses.jsonl"
@@ -157,19 +159,6 @@ def file_sha256(path: Path) -> str:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class ResponseLog:
     """Append-only JSONL of answers, one line per row, durable on return of :meth:`append`.
 
@@ -183,7 +172,7 @@ class ResponseLog:
         self.dropped_torn_line = False
         self._load()
         self._f = open(self.path, "ab")
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
 
     def _load(self) -> None:
         if not self.path.exists():
@@ -264,7 +253,7 @@ def write_run_meta(out_dir: Path, meta: dict) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(tmp, path)
-    _fsync_dir(out_dir)
+    fsync_dir(out_dir)
 
 
 # --------------------------------------------------------------------------------------------------------------------
