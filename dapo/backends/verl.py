@@ -567,7 +567,7 @@ def describe(preset: Preset, resolved: Any) -> str:
         "validate_config)",
         f"# world: {preset.placement.nodes} nodes x {preset.placement.gpus_per_node} GPUs; the DAPO loop (dapo.loop) "
         "drives verl's worker groups",
-        f"# dynamic sampling (dapo.loop, not verl's trainer): "
+        "# dynamic sampling (dapo.loop, not verl's trainer): "
         + (f"on, metric {fg.metric}, max_num_gen_batches {fg.max_num_gen_batches}, mode {fg.mode}, "
            f"gen_batch_size {r.data.gen_batch_size or r.data.train_batch_size}" if fg.enable else "off"),
         f"# policy loss: actor_rollout_ref.actor.policy_loss.loss_mode="

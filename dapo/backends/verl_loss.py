@@ -66,6 +66,27 @@ def _no_rollout_weights(rollout_is_weights: Optional[torch.Tensor]) -> None:
         )
 
 
+def _core_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, *,
+               mini_batch_norm: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, Any]]:
+    if config is None:
+        raise ValueError("the DAPO loss needs verl's actor config (clip ratios, global_batch_info)")
+    _no_rollout_weights(rollout_is_weights)
+    info = _batch_info(config)
+    norm = {"global_tokens": info["batch_num_tokens"], "global_seqs": info["global_batch_size"],
+            "dp_size": info["dp_size"]} if mini_batch_norm else {}
+    loss, metrics = policy_loss(
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode=loss_agg_mode,
+        loss_scale_factor=info["loss_scale_factor"],
+        **norm,
+        **_clip_args(config),
+    )
+    return loss, metrics, info
+
+
 def dapo_policy_loss(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -76,22 +97,8 @@ def dapo_policy_loss(
     rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """verl policy-loss signature -> :func:`dapo.loss.policy_loss` normalised over the global mini-batch."""
-    if config is None:
-        raise ValueError("the DAPO loss needs verl's actor config (clip ratios, global_batch_info)")
-    _no_rollout_weights(rollout_is_weights)
-    info = _batch_info(config)
-    loss, metrics = policy_loss(
-        log_prob,
-        old_log_prob,
-        advantages,
-        response_mask,
-        loss_agg_mode=loss_agg_mode,
-        global_tokens=info["batch_num_tokens"],
-        global_seqs=info["global_batch_size"],
-        dp_size=info["dp_size"],
-        loss_scale_factor=info["loss_scale_factor"],
-        **_clip_args(config),
-    )
+    loss, metrics, _ = _core_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                  rollout_is_weights, mini_batch_norm=True)
     return loss, _verl_metrics(metrics)
 
 
@@ -105,19 +112,8 @@ def dapo_policy_loss_microbatch(
     rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The reference commit's per-micro-batch aggregation, weighted by the micro-batch's share of the mini-batch."""
-    if config is None:
-        raise ValueError("the DAPO loss needs verl's actor config (clip ratios, global_batch_info)")
-    _no_rollout_weights(rollout_is_weights)
-    info = _batch_info(config)
-    loss, metrics = policy_loss(
-        log_prob,
-        old_log_prob,
-        advantages,
-        response_mask,
-        loss_agg_mode=loss_agg_mode,
-        loss_scale_factor=info["loss_scale_factor"],
-        **_clip_args(config),
-    )
+    loss, metrics, info = _core_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                     rollout_is_weights, mini_batch_norm=False)
     global_bs = info["global_batch_size"]
     if global_bs is not None:
         # B_micro / (B_mini / dp): the reference's `policy_loss * (len(micro) / ppo_mini_batch_size_per_gpu)`
