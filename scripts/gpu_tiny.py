@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides = [
             "local.warm_start.steps=3", "local.warm_start.batch_size=16", "local.task.n_train=200",
             "local.task.n_val=16", "recipe.data.train_batch_size=4", "recipe.data.gen_batch_size=6",
-            "recipe.rollout.n=4", "recipe.actor.ppo_mini_batch_size=4", "recipe.filter_groups.max_num_gen_batches=0",
+            "recipe.rollout.n=4", "recipe.actor.ppo_mini_batch_size=4",
+            # a 3-step warm start solves nothing: every group would be all-wrong, so no dynamic sampling here
+            "recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=null",
             "recipe.trainer.total_training_steps=2", "recipe.trainer.test_freq=2", "recipe.trainer.save_freq=0",
         ]  # fmt: skip
     else:
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             "recipe.data.gen_batch_size=96", "recipe.rollout.n=16", "recipe.actor.ppo_mini_batch_size=32",
             "local.micro_batch_size=512", f"recipe.trainer.total_training_steps={args.steps}",
             f"recipe.trainer.test_freq={args.steps}", "recipe.trainer.save_freq=0",
-            "recipe.filter_groups.max_num_gen_batches=0",
+            "recipe.filter_groups.max_num_gen_batches=20",
         ]  # fmt: skip
     overrides += [
         f"local.model.hidden_size={hidden}", f"local.model.num_hidden_layers={layers}",

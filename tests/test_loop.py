@@ -26,6 +26,7 @@ BASE = [
     "recipe.trainer.test_freq=2",
     "recipe.trainer.save_freq=0",
     "recipe.filter_groups.max_num_gen_batches=0",
+    "recipe.rollout.val.n=2",
 ]
 
 
@@ -90,10 +91,11 @@ def test_validation_cadence_and_metric_names_follow_verl(tmp_path):
     loop, be = _loop(tmp_path)
     loop.fit()
     recs = read_jsonl(tmp_path / "metrics.jsonl")
-    val_steps = [r["step"] for r in recs if "val-core/fake-val/acc/mean@1" in r]
+    val_steps = [r["step"] for r in recs if "val-core/fake-val/acc/mean@2" in r]
     assert val_steps == [0, 2, 3]  # before training, every test_freq=2, and the last step
-    val_calls = [s for _, s in be.generate_calls if s.n == 1 and not s.do_sample]
-    assert len(val_calls) == 3 and val_calls[0].temperature == 0.0
+    val_calls = [(k, s) for k, s in be.generate_calls if s == loop.val_sampling]
+    assert len(val_calls) == 3 and all(k == 8 for k, _ in val_calls)  # all 8 validation prompts, n=2 samples each
+    assert loop.val_sampling.n == 2 and loop.val_sampling.top_p == loop.recipe.rollout.val.top_p
     step = [r for r in recs if r["step"] == 1][0]
     for name in ("critic/score/mean", "critic/rewards/mean", "response_length/mean", "response_length/clip_ratio",
                  "actor/entropy", "actor/mean_prob", "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
