@@ -230,6 +230,9 @@ class DAPOLoop:
             for k in ("score", "reward", "acc", "overlong"):
                 gen[k].append(np.asarray(scored[k], dtype=np.float64))
             gen["truncated"].append(np.asarray(rollout.truncated, dtype=np.float64))
+            for k in ("entropy", "mean_prob"):
+                if k in rollout.stats:
+                    gen[f"rollout_{k}"].append(np.asarray(rollout.stats[k], dtype=np.float64))
             try:
                 self.sampler.add(rollout.group_ids, scored[fg.metric], batch=(rollout, scored))
             except DynamicSamplingError:
@@ -293,6 +296,9 @@ class DAPOLoop:
         metrics["train/gen_acc/mean"] = float(all_gen["acc"].mean())
         metrics["train/gen_overlong_ratio"] = float(all_gen["overlong"].mean())
         metrics["train/gen_truncated_ratio"] = float(all_gen["truncated"].mean())
+        for k in ("entropy", "mean_prob"):
+            if f"rollout_{k}" in all_gen:
+                metrics[f"rollout/{k}"] = float(all_gen[f"rollout_{k}"].mean())
         if loss_mask is not None:
             metrics["train/num_filtered_responses"] = float((~loss_mask).sum())
         metrics["training/global_step"] = float(step)
@@ -392,6 +398,11 @@ class DAPOLoop:
         )
         try:
             return self._fit(logger)
+        except KeyboardInterrupt:
+            last = ckpt.latest(self.ckpt_root)
+            self.log(f"interrupted during step {self.step + 1}; newest checkpoint: {last or 'none'}. Rerun the same "
+                     "command to resume.")
+            return 130
         finally:
             logger.close()
             if self._bar is not None:
@@ -405,7 +416,7 @@ class DAPOLoop:
                      "Use --resume disable (or another --run-dir) to train again.")
             self._finish()
             return 0
-        if self.step == 0 and t.val_before_train and self.val_rows:
+        if self.step == 0 and t.val_before_train and self.val_rows and not any(s == 0 for s, _ in self.val_history):
             m = self.validate()
             self.val_history.append((0, m))
             logger.log(m, 0)

@@ -60,6 +60,8 @@ METRICS: dict[str, str] = {
     "train/gen_acc/mean": "fraction of all responses generated this step that are correct (before filtering)",
     "train/gen_overlong_ratio": "fraction of generated responses penalised by the soft overlong punishment",
     "train/gen_truncated_ratio": "fraction of generated responses that hit max_response_length (no EOS)",
+    "rollout/entropy": "mean per-token entropy of the sampling distribution over all generated responses (backend-reported)",
+    "rollout/mean_prob": "mean probability of the sampled tokens under the sampling distribution, all generated responses",
     "train/num_filtered_responses": "responses dropped from the loss by overlong filtering (when enabled)",
     "training/global_step": "rollout step (verl name)",
     "training/epoch": "pass over the training prompts (verl name)",

@@ -378,6 +378,8 @@ class LocalBackend(Backend):
         )
 
     def generate(self, prompts: list[dict[str, Any]], sampling: Sampling, group_ids: Optional[list] = None) -> Rollout:
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
         if group_ids is None:
             group_ids = list(range(self._next_gid, self._next_gid + len(prompts)))
             self._next_gid += len(prompts)
@@ -691,6 +693,12 @@ def run(preset, args) -> int:
     from dapo.loop import DAPOLoop, configure_determinism
 
     run_dir = Path(getattr(args, "run_dir", None) or preset.recipe.trainer.default_local_dir)
+    if getattr(args, "dry_run", False):
+        import yaml
+
+        print(f"# preset {preset.name!r} on the local backend; run dir {run_dir}")
+        print(yaml.safe_dump(preset.to_dict(), sort_keys=False), end="")
+        return 0
     run_dir.mkdir(parents=True, exist_ok=True)
     configure_determinism(preset.recipe.trainer.seed)
     t0 = time.time()
