@@ -95,7 +95,8 @@ def run_one(
     from dapo.metrics import read_jsonl, val_accuracy
 
     recs = read_jsonl(run_dir / "metrics.jsonl")
-    samples = {int(r["step"]): r.get("train/gen_samples_total") for r in recs if r.get("train/gen_samples_total") is not None}
+    key = "train/gen_samples_total"
+    samples = {int(r["step"]): r[key] for r in recs if r.get(key) is not None}
     summary["curve"] = [
         (int(r["step"]), val_accuracy(r), samples.get(int(r["step"]), 0.0 if int(r["step"]) == 0 else None))
         for r in recs if val_accuracy(r) is not None
@@ -156,7 +157,10 @@ def ablation_plot(results: dict[str, list[dict]], out: Path) -> Path:
         steps = sorted({s for r in runs for s, a, _ in r["curve"] if a is not None})
         mean = [np.mean([a for r in runs for s2, a, _ in r["curve"] if s2 == s]) for s in steps]
         ax1.plot(steps, mean, marker="o", markersize=3, label=name)
-        xs = [np.mean([x for r in runs for s2, a, x in r["curve"] if s2 == s and x is not None] or [np.nan]) for s in steps]
+        xs = [
+            np.mean([x for r in runs for s2, a, x in r["curve"] if s2 == s and x is not None] or [np.nan])
+            for s in steps
+        ]
         ax2.plot(xs, mean, marker="o", markersize=3, label=name)
     ax1.set_xlabel("rollout step")
     ax2.set_xlabel("generated responses")
@@ -211,8 +215,9 @@ def cmd_ablation(argv: list[str]) -> int:
                 t0 = time.time()
                 res = run_one(args.preset, base + extra + [f"recipe.trainer.seed={seed}"] + args.overrides, run_dir,
                               assets, threads=args.threads)  # fmt: skip
+                nan = float("nan")
                 print(f"[{time.time() - t_start:.0f}s] {name} seed {seed}: final val acc "
-                      f"{res.get('val_acc_after', float('nan')):.3f} (before {res.get('val_acc_before', float('nan')):.3f})"
+                      f"{res.get('val_acc_after', nan):.3f} (before {res.get('val_acc_before', nan):.3f})"
                       f", {res.get('gen_samples_total')} samples, {time.time() - t0:.0f}s wall, "
                       f"{res['cpu_seconds']:.0f}s CPU", flush=True)  # fmt: skip
             results[name].append(res)

@@ -28,7 +28,6 @@ overlong *punishment* is part of the reward. The learning-rate schedule (warm-up
 
 from __future__ import annotations
 
-import os
 import random
 import resource
 import shutil
@@ -466,7 +465,9 @@ class DAPOLoop:
             if acc is not None:
                 hist.setdefault(int(rec["step"]), acc)
         hist = {s: a for s, a in hist.items() if a is not None}
-        out: dict[str, Any] = {"steps": self.step, "total_steps": self.total_steps, "val_acc": dict(sorted(hist.items()))}
+        out: dict[str, Any] = {
+            "steps": self.step, "total_steps": self.total_steps, "val_acc": dict(sorted(hist.items()))
+        }
         if 0 in hist:
             out["val_acc_before"] = hist[0]
         finals = [s for s in hist if s > 0]

@@ -25,7 +25,9 @@ from typing import Any, Iterable, Optional
 # name -> meaning. "{ds}" stands for a data_source, "{k}" for the number of validation samples per prompt.
 METRICS: dict[str, str] = {
     # rollout / reward (verl names)
-    "critic/score/mean": "mean outcome reward of the training batch (verifier +-1 plus overlong penalty), after filtering",
+    "critic/score/mean": (
+        "mean outcome reward of the training batch (verifier +-1 plus overlong penalty), after filtering"
+    ),
     "critic/score/max": "max outcome reward of the training batch",
     "critic/score/min": "min outcome reward of the training batch",
     "critic/rewards/mean": "mean reward used for the advantages (= score: DAPO has no KL-in-reward)",
@@ -42,10 +44,16 @@ METRICS: dict[str, str] = {
     "prompt_length/max": "max prompt length",
     "prompt_length/min": "min prompt length",
     # actor (verl names, plus actor/mean_prob)
-    "actor/entropy": "mean per-token entropy of the policy on the training responses (at pi_old; aggregated with loss_agg_mode)",
+    "actor/entropy": (
+        "mean per-token entropy of the policy on the training responses (at pi_old; aggregated with "
+        "loss_agg_mode)"
+    ),
     "actor/mean_prob": "mean probability pi_old assigns to the sampled response tokens",
     "actor/pg_loss": "policy-gradient loss (DAPO eq. 10/12), mean over mini-batches",
-    "actor/pg_clipfrac": "fraction of response tokens where the clipped term is active (ratio clipped at 1-eps_low or 1+eps_high)",
+    "actor/pg_clipfrac": (
+        "fraction of response tokens where the clipped term is active (ratio clipped at 1-eps_low or "
+        "1+eps_high)"
+    ),
     "actor/pg_clipfrac_lower": "fraction of response tokens hit by the dual clip (A < 0, ratio > c)",
     "actor/ppo_kl": "mean of log pi_old - log pi_theta over response tokens (approximate KL between updates)",
     "actor/grad_norm": "global gradient norm before clipping, mean over mini-batches",
@@ -60,13 +68,20 @@ METRICS: dict[str, str] = {
     "train/gen_acc/mean": "fraction of all responses generated this step that are correct (before filtering)",
     "train/gen_overlong_ratio": "fraction of generated responses penalised by the soft overlong punishment",
     "train/gen_truncated_ratio": "fraction of generated responses that hit max_response_length (no EOS)",
-    "rollout/entropy": "mean per-token entropy of the sampling distribution over all generated responses (backend-reported)",
-    "rollout/mean_prob": "mean probability of the sampled tokens under the sampling distribution, all generated responses",
+    "rollout/entropy": (
+        "mean per-token entropy of the sampling distribution over all generated responses "
+        "(backend-reported)"
+    ),
+    "rollout/mean_prob": (
+        "mean probability of the sampled tokens under the sampling distribution, all generated responses"
+    ),
     "train/num_filtered_responses": "responses dropped from the loss by overlong filtering (when enabled)",
     "training/global_step": "rollout step (verl name)",
     "training/epoch": "pass over the training prompts (verl name)",
     # validation (verl names)
-    "val-core/{ds}/acc/mean@{k}": "validation accuracy avg@k: mean correctness over k samples of every validation prompt",
+    "val-core/{ds}/acc/mean@{k}": (
+        "validation accuracy avg@k: mean correctness over k samples of every validation prompt"
+    ),
     "val-aux/{ds}/score/mean@{k}": "validation mean verifier score (+-1)",
     "val-aux/{ds}/response_length/mean": "validation mean response length",
     # timing (verl names where verl has them; plus filter)
@@ -98,9 +113,13 @@ def describe(name: str) -> Optional[str]:
     if name in METRICS:
         return METRICS[name]
     parts = name.split("/")
+
+    def fits(a: str, b: str) -> bool:  # template part a vs name part b
+        return a == b or a == "{ds}" or ("{k}" in a and b.startswith(a.split("{")[0]))
+
     for tmpl, text in METRICS.items():
         t = tmpl.split("/")
-        if len(t) == len(parts) and all(a == b or a in ("{ds}",) or ("{k}" in a and b.startswith(a.split("{")[0])) for a, b in zip(t, parts)):
+        if len(t) == len(parts) and all(fits(a, b) for a, b in zip(t, parts)):
             return text
     return None
 
@@ -236,7 +255,8 @@ class MetricsLogger:
         self._fh.flush()
         if self._wandb is not None:
             try:
-                self._wandb.log({k: v for k, v in rec.items() if k not in ("step", "ts") and v is not None}, step=int(step))
+                values = {k: v for k, v in rec.items() if k not in ("step", "ts") and v is not None}
+                self._wandb.log(values, step=int(step))
             except Exception as exc:
                 self._warn(f"wandb logging off after an error ({type(exc).__name__}: {exc}); training continues")
                 self._wandb = None

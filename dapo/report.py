@@ -18,14 +18,22 @@ from dapo.metrics import read_jsonl, val_accuracy
 
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("mean response length (tokens)", [("response_length/mean", "training batch")]),
-    ("reward score", [("critic/score/mean", "training batch (after filtering)"), ("train/gen_score/mean", "all generated")]),
+    ("reward score", [
+        ("critic/score/mean", "training batch (after filtering)"), ("train/gen_score/mean", "all generated"),
+    ]),
     ("generation entropy", [("actor/entropy", "actor/entropy")]),
     ("mean token probability", [("actor/mean_prob", "actor/mean_prob")]),
     ("generation batches per step", [("train/num_gen_batches", "train/num_gen_batches")]),
-    ("clip fractions", [("actor/pg_clipfrac", "pg_clipfrac (upper/lower clip)"), ("actor/pg_clipfrac_lower", "pg_clipfrac_lower (dual clip)")]),
+    ("clip fractions", [
+        ("actor/pg_clipfrac", "pg_clipfrac (upper/lower clip)"),
+        ("actor/pg_clipfrac_lower", "pg_clipfrac_lower (dual clip)"),
+    ]),
     ("kept-group ratio (dynamic sampling)", [("train/kept_group_ratio", "kept / generated groups")]),
     ("validation accuracy", []),  # filled with every val-core/*/acc/mean@k
-    ("length cap", [("response_length/clip_ratio", "at max_response_length"), ("train/gen_overlong_ratio", "overlong-penalised")]),
+    ("length cap", [
+        ("response_length/clip_ratio", "at max_response_length"),
+        ("train/gen_overlong_ratio", "overlong-penalised"),
+    ]),
 ]  # fmt: skip
 
 

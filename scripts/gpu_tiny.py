@@ -47,7 +47,7 @@ def peak_tflops(device_name: str) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 steps: checks the code path, numbers meaningless")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 steps: the code path only")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--steps", type=int, default=8)
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         heads = max(1, hidden // 64)
         overrides = [
             f"local.warm_start.steps={args.warm_steps}", "local.warm_start.batch_size=256",
+            "local.warm_start.lr=1e-3",
             "local.task.n_train=8000", "local.task.n_val=512", "recipe.data.train_batch_size=64",
             "recipe.data.gen_batch_size=96", "recipe.rollout.n=16", "recipe.actor.ppo_mini_batch_size=32",
             "local.micro_batch_size=512", f"recipe.trainer.total_training_steps={args.steps}",
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     upd_tok_s = c["update_tokens"] / c["update_seconds"] if c["update_seconds"] else 0.0
     gen_tok_s = c["gen_tokens"] / c["gen_seconds"] if c["gen_seconds"] else 0.0
     upd_tflops = 6 * n_flop * upd_tok_s / 1e12
-    oldlp_tflops = 2 * n_flop * (c["update_tokens"] / max(1, preset.recipe.actor.ppo_epochs)) / oldlp_s / 1e12 if oldlp_s else 0.0
+    oldlp_tokens = c["update_tokens"] / max(1, preset.recipe.actor.ppo_epochs)  # the same rows, forward only
+    oldlp_tflops = 2 * n_flop * oldlp_tokens / oldlp_s / 1e12 if oldlp_s else 0.0
     gen_tflops = 2 * n_flop * gen_tok_s / 1e12
     res = {
         "device": name,
@@ -152,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"device {name} | model {n_total / 1e6:.1f}M params ({n_flop / 1e6:.1f}M in matmuls) | "
           f"{loop.step} steps in {train_s:.1f}s (setup {setup_s:.1f}s)")
-    print(f"generation: {c['gen_tokens']} tokens, {gen_tok_s:,.0f} tokens/s, {gen_tflops:.2f} TFLOP/s, MFU {pct(res['mfu_gen'])}")
+    print(f"generation: {c['gen_tokens']} tokens, {gen_tok_s:,.0f} tokens/s, {gen_tflops:.2f} TFLOP/s, "
+          f"MFU {pct(res['mfu_gen'])}")
     print(f"update:     {c['update_tokens']} tokens, {upd_tok_s:,.0f} tokens/s, {upd_tflops:.2f} TFLOP/s, "
           f"MFU {pct(res['mfu_update'])}")
     print(f"old log-prob: {oldlp_tflops:.2f} TFLOP/s, MFU {pct(res['mfu_old_log_prob'])}")

@@ -42,7 +42,7 @@ def test_the_prompt_goes_through_the_chat_template_with_the_full_dapo_text(asset
     ids = be.encode_prompt(row)
     text = be.tokenizer.decode(ids)
     assert text.startswith("<|im_start|>user\nSolve the following math problem step by step.")
-    assert text.endswith('Remember to put your answer on its own line after "Answer:".<|im_end|>\n<|im_start|>assistant\n')
+    assert text.endswith('its own line after "Answer:".<|im_end|>\n<|im_start|>assistant\n')
     assert row["prompt"][0]["content"] in text
     assert len(ids) < 80  # the BPE learnt the template: ~70 tokens for ~250 characters
 

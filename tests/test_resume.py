@@ -32,7 +32,8 @@ OVERRIDES = SMALL_TINY + [
 
 
 def _cmd(run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "dapo.train", "--preset", "tiny", "--run-dir", str(run_dir), "--no-progress", *OVERRIDES]
+    return [sys.executable, "-m", "dapo.train", "--preset", "tiny", "--run-dir", str(run_dir), "--no-progress",
+            *OVERRIDES]
 
 
 def _env() -> dict[str, str]:

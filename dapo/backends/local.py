@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -147,7 +146,6 @@ def prompt_forward(
     p_ids, p_mask = p_ids[:, p_ids.shape[1] - keep :], p_mask[:, p_mask.shape[1] - keep :]
     B = p_ids.shape[0]
     lc = common_prefix_len(p_ids, p_mask) if share_prefix else 0
-    tail_n = 0 if tail_ids is None else tail_ids.shape[1]
     cache = None
     if lc >= min_prefix:
         start0 = keep - int(p_mask[0].sum())
@@ -640,7 +638,9 @@ def _read_rows(files: list[str], what: str) -> list[dict[str, Any]]:
         df = pd.read_parquet(f)
         for col in ("prompt", "reward_model"):
             if col not in df.columns:
-                raise ValueError(f"{what}: {f} has no '{col}' column (DAPO-Math-17k schema; columns: {list(df.columns)})")
+                raise ValueError(
+                    f"{what}: {f} has no '{col}' column (DAPO-Math-17k schema; columns: {list(df.columns)})"
+                )
         rows.extend(_plain(r) for r in df.to_dict("records"))
     return rows
 

@@ -45,7 +45,8 @@ def sft(
     def prompt_ids(i: int) -> list[int]:
         if i not in prompt_cache:
             msgs = [{"role": "user", "content": dapo_prompt(problems[i].text())}]
-            prompt_cache[i] = list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)["input_ids"])
+            out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            prompt_cache[i] = list(out["input_ids"] if hasattr(out, "keys") else out)
         return prompt_cache[i]
 
     decay, no_decay = [], []
