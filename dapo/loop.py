@@ -488,8 +488,10 @@ class DAPOLoop:
         what = f"val-core/{'|'.join(ds)}/acc/mean@{self.val_sampling.n}, {len(self.val_rows)} held-out prompts"
         if "val_acc_before" in s and "val_acc_after" in s:
             b, a = s["val_acc_before"], s["val_acc_after"]
-            self.log(f"validation accuracy ({what}): before RL {b:.3f} -> after RL {a:.3f} ({a - b:+.3f}) "
-                     f"after {s['steps']} steps, {s['gen_samples_total']} generated responses")
+            best_step = max((k for k in s["val_acc"] if k > 0), key=lambda k: s["val_acc"][k])
+            self.log(f"validation accuracy ({what}): before RL {b:.3f} -> after RL {a:.3f} ({a - b:+.3f}; best "
+                     f"{s['val_acc_best']:.3f} at step {best_step}) after {s['steps']} steps, "
+                     f"{s['gen_samples_total']} generated responses")
         elif "val_acc_after" in s:
             self.log(f"validation accuracy ({what}): {s['val_acc_after']:.3f} after {s['steps']} steps")
         self.log(f"time: wall {s['wall_seconds_this_process']:.0f}s, CPU {s['cpu_seconds_this_process']:.0f}s "
