@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -659,6 +660,7 @@ def _plain(obj):
 def build(preset, run_dir: Path, *, device: Optional[str] = None, assets_dir: Optional[Path] = None, log=print):
     """(backend, train_rows, val_rows, info) for ``preset`` on the local backend; builds the tiny assets if needed."""
     r = preset.recipe
+    dev = resolve_device(device or preset.placement.device)  # fail before minutes of asset building
     info: dict[str, Any] = {}
     model_path, tok_path = r.model.path, r.model.tokenizer_path
     train_files, val_files = list(r.data.train_files), list(r.data.val_files)
@@ -681,7 +683,7 @@ def build(preset, run_dir: Path, *, device: Optional[str] = None, assets_dir: Op
         model_path,
         tok_path,
         r,
-        device=device or preset.placement.device,
+        device=dev,
         micro_batch_size=local.micro_batch_size if local else 64,
         seed=r.trainer.seed,
     )
@@ -702,7 +704,11 @@ def run(preset, args) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     configure_determinism(preset.recipe.trainer.seed)
     t0 = time.time()
-    backend, train_rows, val_rows, _ = build(preset, run_dir)
+    try:
+        backend, train_rows, val_rows, _ = build(preset, run_dir)
+    except (ValueError, FileNotFoundError) as exc:  # bad device, data file, prompt column ...: say it, no traceback
+        print(f"dapo train: {exc}", file=sys.stderr)
+        return 2
     print(
         f"dapo train: preset {preset.name!r} on {backend.device} | model {backend.num_parameters / 1e6:.2f}M params | "
         f"{len(train_rows)} train / {len(val_rows)} val prompts | run dir {run_dir} "
