@@ -36,27 +36,27 @@ LADDER: list[tuple[str, list[str]]] = [
     ("naive GRPO", [
         "recipe.actor.clip_ratio_high=0.2", "recipe.actor.loss_agg_mode=seq-mean-token-mean",
         "recipe.reward.overlong_buffer.enable=false", "recipe.reward.overlong_filter=false",
-        "recipe.filter_groups.enable=false",
+        "recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=null",
     ]),
     ("+ overlong filtering", [
         "recipe.actor.clip_ratio_high=0.2", "recipe.actor.loss_agg_mode=seq-mean-token-mean",
         "recipe.reward.overlong_buffer.enable=false", "recipe.reward.overlong_filter=true",
-        "recipe.filter_groups.enable=false",
+        "recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=null",
     ]),
     ("+ clip-higher", [
         "recipe.actor.clip_ratio_high=0.28", "recipe.actor.loss_agg_mode=seq-mean-token-mean",
         "recipe.reward.overlong_buffer.enable=false", "recipe.reward.overlong_filter=true",
-        "recipe.filter_groups.enable=false",
+        "recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=null",
     ]),
     ("+ soft overlong punishment", [
         "recipe.actor.clip_ratio_high=0.28", "recipe.actor.loss_agg_mode=seq-mean-token-mean",
         "recipe.reward.overlong_buffer.enable=true", "recipe.reward.overlong_filter=false",
-        "recipe.filter_groups.enable=false",
+        "recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=null",
     ]),
     ("+ token-level loss", [
         "recipe.actor.clip_ratio_high=0.28", "recipe.actor.loss_agg_mode=token-mean",
         "recipe.reward.overlong_buffer.enable=true", "recipe.reward.overlong_filter=false",
-        "recipe.filter_groups.enable=false",
+        "recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=null",
     ]),
     ("+ dynamic sampling (DAPO)", [
         "recipe.actor.clip_ratio_high=0.28", "recipe.actor.loss_agg_mode=token-mean",
@@ -215,14 +215,8 @@ def cmd_ablation(argv: list[str]) -> int:
             if done.exists():
                 res = json.loads(done.read_text())
             else:
-                extra = list(rung)
-                if "recipe.filter_groups.enable=false" in rung:
-                    from dapo.config import load_preset
-
-                    tb = load_preset(args.preset).recipe.data.train_batch_size
-                    extra.append(f"recipe.data.gen_batch_size={tb}")
                 t0 = time.time()
-                res = run_one(args.preset, base + extra + [f"recipe.trainer.seed={seed}"] + args.overrides, run_dir,
+                res = run_one(args.preset, base + rung + [f"recipe.trainer.seed={seed}"] + args.overrides, run_dir,
                               assets, threads=args.threads)  # fmt: skip
                 nan = float("nan")
                 print(f"[{time.time() - t_start:.0f}s] {name} seed {seed}: final val acc "
