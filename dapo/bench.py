@@ -114,6 +114,13 @@ def _train_acc_last(run_dir: Path, k: int) -> Optional[float]:
     return float(sum(vals[-k:]) / len(vals[-k:])) if vals else None
 
 
+def _second_half_mean(curve: list) -> Optional[float]:
+    """Mean validation accuracy over the evaluations in the second half of the run (steps > last step / 2)."""
+    last = max((s for s, a, _ in curve if a is not None), default=0)
+    vals = [a for s, a, _ in curve if a is not None and s > last / 2]
+    return float(sum(vals) / len(vals)) if vals else None
+
+
 def _first_reach(curve: list, target: float) -> tuple[Optional[int], Optional[float]]:
     for step, acc, samples in curve:
         if step > 0 and acc is not None and acc >= target:
@@ -135,7 +142,8 @@ def ablation_table(results: dict[str, list[dict]], targets: list[float]) -> str:
     import numpy as np
 
     head = ["rung"] + [f"steps to {t:.2f}" for t in targets] + [f"samples to {t:.2f}" for t in targets]
-    head += ["val acc before", "final val acc (mean ± sd)", "train acc, last 10 steps", "CPU s / run"]
+    head += ["val acc before", "final val acc (mean ± sd)", "val acc, 2nd half of the run", "train acc, last 10 steps",
+             "CPU s / run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, runs in results.items():
         n = len(runs)
@@ -148,6 +156,9 @@ def ablation_table(results: dict[str, list[dict]], targets: list[float]) -> str:
         tr = [r.get("train_acc_last10") for r in runs if r.get("train_acc_last10") is not None]
         row.append(_fmt_mean(before, ".3f", n))
         row.append(f"{np.mean(final):.3f} ± {np.std(final):.3f}" if final else "-")
+        half = [_second_half_mean(r["curve"]) for r in runs]
+        half = [h for h in half if h is not None]
+        row.append(f"{np.mean(half):.3f} ± {np.std(half):.3f}" if half else "-")
         row.append(f"{np.mean(tr):.3f} ± {np.std(tr):.3f}" if tr else "-")
         row.append(f"{np.mean([r['cpu_seconds'] for r in runs]):.0f}")
         lines.append("| " + " | ".join(row) + " |")
@@ -229,9 +240,12 @@ def cmd_ablation(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     png = ablation_plot(results, out / "ablation.png")
     cmd = "dapo bench ablation " + " ".join(argv)
+    all_runs = [r for runs in results.values() for r in runs]
     meta = (
         f"command: `{cmd.strip()}`\n\nmachine: {platform.machine()}, {os.cpu_count()} CPUs, load average at start "
-        f"{load0:.1f}, at end {os.getloadavg()[0]:.1f}; total wall {time.time() - t_start:.0f}s\n"
+        f"{load0:.1f}, at end {os.getloadavg()[0]:.1f}; this invocation {time.time() - t_start:.0f}s wall; the "
+        f"{len(all_runs)} runs: {sum(r['wall_seconds'] for r in all_runs):.0f}s wall, "
+        f"{sum(r['cpu_seconds'] for r in all_runs):.0f}s CPU in total\n"
     )
     (out / "ablation.md").write_text(meta + "\n" + table + "\n")
     (out / "ablation.json").write_text(json.dumps({"targets": targets, "seeds": seeds, "results": results}, indent=2))
