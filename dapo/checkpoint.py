@@ -27,6 +27,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from dapo.fsutil import fsync_dir
+
 POINTER = "latest_checkpointed_iteration.txt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -89,7 +91,7 @@ def save(
         write_backend(str(tmp))
         torch.save(loop_state, tmp / "loop_state.pt")
         (tmp / "COMPLETE").write_text(f"{step}\n")
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():  # a re-save of the same step (e.g. a health stop right after a periodic save)
             old = root / f".tmp-old-{final.name}"
             final.rename(old)
@@ -103,7 +105,7 @@ def save(
     pointer_tmp = root / f".{POINTER}.tmp"
     pointer_tmp.write_text(f"{step}\n")
     os.replace(pointer_tmp, root / POINTER)
-    _fsync_dir(root)
+    fsync_dir(root)
     if max_to_keep is not None and max_to_keep > 0:
         for s in complete_steps(root)[:-max_to_keep]:
             shutil.rmtree(root / f"global_step_{s}", ignore_errors=True)
@@ -112,16 +114,3 @@ def save(
 
 def load_loop_state(ckpt_dir: Path | str) -> dict[str, Any]:
     return torch.load(Path(ckpt_dir) / "loop_state.pt", map_location="cpu", weights_only=False)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

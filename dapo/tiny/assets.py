@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from dapo.fsutil import atomic_dir
 
 ASSETS_VERSION = 1
 
@@ -47,20 +47,6 @@ def spec_key(local) -> str:
         "warm_start": dataclasses.asdict(local.warm_start),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def _atomic_dir(final: Path, build: Callable[[Path], None]) -> Path:
-    if final.exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-    try:
-        build(tmp)
-        tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
 
 
 def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyAssets:
@@ -87,8 +73,8 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
         write_parquet(train, "train", d / "train.parquet")
         write_parquet(val, "validation", d / "validation.parquet")
 
-    tok_dir = _atomic_dir(root / "tokenizer", build_tokenizer)
-    data_dir = _atomic_dir(root / "data", build_data)
+    tok_dir = atomic_dir(root / "tokenizer", build_tokenizer)
+    data_dir = atomic_dir(root / "data", build_data)
 
     from transformers import AutoTokenizer
 
@@ -98,7 +84,7 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
         build_model(local.model, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, d)
         tokenizer.save_pretrained(str(d))
 
-    init_dir = _atomic_dir(root / "init", build_init)
+    init_dir = atomic_dir(root / "init", build_init)
 
     def build_policy(d: Path) -> None:
         from transformers import AutoModelForCausalLM
@@ -124,7 +110,7 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
         (d / "warm_start.json").write_text(json.dumps(info, indent=2))
 
     t0 = time.time()
-    policy_dir = _atomic_dir(root / "policy", build_policy)
+    policy_dir = atomic_dir(root / "policy", build_policy)
     if time.time() - t0 > 1:
         log(f"warm start: done in {time.time() - t0:.0f}s -> {policy_dir}")
     return TinyAssets(
