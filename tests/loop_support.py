@@ -83,24 +83,10 @@ class ScriptedBackend(Backend):
 
     def select(self, rollout: Rollout, index: np.ndarray) -> Rollout:
         idx = np.asarray(index, dtype=np.int64)
-        return Rollout(
-            group_ids=np.asarray(rollout.group_ids, dtype=object)[idx],
-            prompt_rows=[rollout.prompt_rows[i] for i in idx],
-            response_text=[rollout.response_text[i] for i in idx],
-            response_length=np.asarray(rollout.response_length)[idx],
-            truncated=np.asarray(rollout.truncated)[idx],
-            data={"row": rollout.data["row"][idx]},
-        )
+        return rollout.take(idx, {"row": rollout.data["row"][idx]})
 
     def concat(self, rollouts: list[Rollout]) -> Rollout:
-        return Rollout(
-            group_ids=np.concatenate([r.group_ids for r in rollouts]),
-            prompt_rows=[x for r in rollouts for x in r.prompt_rows],
-            response_text=[x for r in rollouts for x in r.response_text],
-            response_length=np.concatenate([r.response_length for r in rollouts]),
-            truncated=np.concatenate([r.truncated for r in rollouts]),
-            data={"row": np.concatenate([r.data["row"] for r in rollouts])},
-        )
+        return Rollout.join(rollouts, {"row": np.concatenate([r.data["row"] for r in rollouts])})
 
     def compute_old_log_probs(self, batch: Rollout) -> dict[str, float]:
         batch.data["old"] = True

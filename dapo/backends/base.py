@@ -61,6 +61,33 @@ class Rollout:
     def __len__(self) -> int:
         return len(self.response_text)
 
+    def take(self, index: np.ndarray, data: Any) -> "Rollout":
+        """The responses at ``index`` (in that order) with the backend's already-selected private ``data``."""
+        idx = np.asarray(index, dtype=np.int64).reshape(-1)
+        return Rollout(
+            group_ids=np.asarray(self.group_ids)[idx],
+            prompt_rows=[self.prompt_rows[i] for i in idx],
+            response_text=[self.response_text[i] for i in idx],
+            response_length=np.asarray(self.response_length)[idx],
+            truncated=np.asarray(self.truncated)[idx],
+            data=data,
+            stats={k: np.asarray(v)[idx] for k, v in self.stats.items()},
+        )
+
+    @staticmethod
+    def join(rollouts: list["Rollout"], data: Any) -> "Rollout":
+        """``rollouts`` in order with the backend's already-joined private ``data``; stats kept where all have them."""
+        stat_keys = set.intersection(*(set(r.stats) for r in rollouts)) if rollouts else set()
+        return Rollout(
+            group_ids=np.concatenate([np.asarray(r.group_ids) for r in rollouts]),
+            prompt_rows=[row for r in rollouts for row in r.prompt_rows],
+            response_text=[t for r in rollouts for t in r.response_text],
+            response_length=np.concatenate([np.asarray(r.response_length) for r in rollouts]),
+            truncated=np.concatenate([np.asarray(r.truncated) for r in rollouts]),
+            data=data,
+            stats={k: np.concatenate([np.asarray(r.stats[k]) for r in rollouts]) for k in sorted(stat_keys)},
+        )
+
 
 class Backend(abc.ABC):
     """What the DAPO loop needs from a model runtime."""

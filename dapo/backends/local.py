@@ -428,15 +428,7 @@ class LocalBackend(Backend):
     def select(self, rollout: Rollout, index: np.ndarray) -> Rollout:
         idx = np.asarray(index, dtype=np.int64).reshape(-1)
         t = torch.as_tensor(idx, dtype=torch.long)
-        return Rollout(
-            group_ids=np.asarray(rollout.group_ids, dtype=object)[idx],
-            prompt_rows=[rollout.prompt_rows[i] for i in idx],
-            response_text=[rollout.response_text[i] for i in idx],
-            response_length=np.asarray(rollout.response_length)[idx],
-            truncated=np.asarray(rollout.truncated)[idx],
-            data={k: v.index_select(0, t) for k, v in rollout.data.items()},
-            stats={k: np.asarray(v)[idx] for k, v in rollout.stats.items()},
-        )
+        return rollout.take(idx, {k: v.index_select(0, t) for k, v in rollout.data.items()})
 
     def concat(self, rollouts: list[Rollout]) -> Rollout:
         if not rollouts:
@@ -453,16 +445,7 @@ class LocalBackend(Backend):
             pad = self.pad_id if pad is None else pad
             width = max(r.data[k].shape[1] for r in rollouts)
             data[k] = torch.cat([_repad(r.data[k], width, pad, left) for r in rollouts])
-        stat_keys = set.intersection(*(set(r.stats) for r in rollouts))
-        return Rollout(
-            group_ids=np.concatenate([np.asarray(r.group_ids, dtype=object) for r in rollouts]),
-            prompt_rows=[row for r in rollouts for row in r.prompt_rows],
-            response_text=[t for r in rollouts for t in r.response_text],
-            response_length=np.concatenate([np.asarray(r.response_length) for r in rollouts]),
-            truncated=np.concatenate([np.asarray(r.truncated) for r in rollouts]),
-            data=data,
-            stats={k: np.concatenate([np.asarray(r.stats[k]) for r in rollouts]) for k in stat_keys},
-        )
+        return Rollout.join(rollouts, data)
 
     # ---------------------------------------------------------------------------------------------------------------
     def _forward_response(self, data: dict[str, torch.Tensor], idx: torch.Tensor, temperature: float):

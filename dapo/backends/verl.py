@@ -343,15 +343,7 @@ class VerlBackend(Backend):
         idx = np.asarray(index, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= len(rollout)):
             raise IndexError(f"select: index out of range for a rollout of {len(rollout)} responses")
-        return Rollout(
-            group_ids=np.asarray(rollout.group_ids)[idx],
-            prompt_rows=[rollout.prompt_rows[i] for i in idx],
-            response_text=[rollout.response_text[i] for i in idx],
-            response_length=np.asarray(rollout.response_length)[idx],
-            truncated=np.asarray(rollout.truncated)[idx],
-            data=rollout.data[idx],
-            stats={k: np.asarray(v)[idx] for k, v in rollout.stats.items()},
-        )
+        return rollout.take(idx, rollout.data[idx])
 
     def concat(self, rollouts: list[Rollout]) -> Rollout:
         if not rollouts:
@@ -362,15 +354,7 @@ class VerlBackend(Backend):
         for r in rollouts[1:]:
             if set(r.stats) != keys:
                 raise ValueError(f"concat: rollouts carry different stats {sorted(keys)} vs {sorted(r.stats)}")
-        return Rollout(
-            group_ids=np.concatenate([np.asarray(r.group_ids) for r in rollouts]),
-            prompt_rows=[row for r in rollouts for row in r.prompt_rows],
-            response_text=[t for r in rollouts for t in r.response_text],
-            response_length=np.concatenate([np.asarray(r.response_length) for r in rollouts]),
-            truncated=np.concatenate([np.asarray(r.truncated) for r in rollouts]),
-            data=_dataproto().concat([r.data for r in rollouts]),
-            stats={k: np.concatenate([np.asarray(r.stats[k]) for r in rollouts]) for k in keys},
-        )
+        return Rollout.join(rollouts, _dataproto().concat([r.data for r in rollouts]))
 
     # -- pi_old and the update ---------------------------------------------------------------------------------------
     def compute_old_log_probs(self, batch: Rollout) -> dict[str, float]:
