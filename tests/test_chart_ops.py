@@ -135,6 +135,20 @@ def test_long_runs_submit_over_http_with_per_attempt_deadlines(name):
     assert f"all attempts together at most {total} s" in notes
 
 
+def test_operator_tolerates_a_dashboard_outage_longer_than_kuberays_default():
+    """HTTPMode fails a RayJob (without retry) only after status checks failed for this long."""
+    ops = yaml.safe_load((ROOT / "k8s" / "kuberay-operator-values.yaml").read_text())
+    env = {e["name"]: e["value"] for e in ops["env"]}
+    assert int(env["RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS"]) > 300
+
+
+def test_notes_warn_that_ipc_lock_needs_root():
+    notes = helm_notes({**RWX, "ipcLock": True})
+    assert "IPC_LOCK takes effect only for root" in notes
+    assert "IPC_LOCK" not in helm_notes({**RWX, "ipcLock": True, "securityContext": {"runAsUser": 0}})
+    assert "IPC_LOCK" not in helm_notes(RWX)
+
+
 def test_values_describe_deadlines_per_attempt_not_retries_included():
     values_text = (CHART_DIR / "values.yaml").read_text()
     docs = (ROOT / "docs" / "deploy.md").read_text()
@@ -512,3 +526,12 @@ def test_gpu_workers_check_the_driver_at_start_and_the_head_does_not():
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert "postStart" not in head["lifecycle"]
     assert shlex.join(worker["lifecycle"]["preStop"]["exec"]["command"]) == "/bin/sh -c 'ray stop'"
+    # another image (e.g. the CUDA 12.6 reproduction stack): its own minimum, or no check
+    h, p = both({**RWX, "worker": {"minDriver": 0}})
+    assert h == p
+    worker = p[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert "postStart" not in worker["containers"][0]["lifecycle"]
+    h, p = both({**RWX, "worker": {"minDriver": 560}})
+    assert h == p
+    worker = p[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert worker["containers"][0]["lifecycle"]["postStart"]["exec"]["command"][-1] == "560"

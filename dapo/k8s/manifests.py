@@ -45,8 +45,6 @@ HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 
 SPEC_HASH_ANNOTATION = "dapo-k8s.github.io/spec-sha256"
 DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
-# CUDA 13 (the training and evaluation images) needs an NVIDIA driver of the 580 series or newer.
-MIN_DRIVER = "580"
 TEST_HOOK = {"helm.sh/hook": "test", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
 SMALL = {"cpu": "100m", "memory": "64Mi"}
 
@@ -222,7 +220,8 @@ class Chart:
             res = {"cpu": "1", "memory": "8Gi", "nvidia.com/gpu": str(gpus)}
             spec["containers"] = [{
                 "name": "gpu", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
-                "command": ["python", "-m", "dapo.gpu_check", "--min-driver", MIN_DRIVER, "--gpus", str(gpus), "--torch"],
+                "command": ["python", "-m", "dapo.gpu_check", "--min-driver", str(int(w.get("minDriver") or 0)),
+                            "--gpus", str(gpus), "--torch"],
                 "resources": {"requests": dict(res), "limits": dict(res)},
             }]
             pods.append(self._test_pod("gpu", spec))
@@ -372,9 +371,10 @@ class Chart:
 
     def ray_container_common(self, *, gpu_check: bool = False) -> dict[str, Any]:
         lifecycle: dict[str, Any] = {}
-        if gpu_check:
+        min_driver = int(self.v["worker"].get("minDriver") or 0)
+        if gpu_check and min_driver > 0:
             lifecycle["postStart"] = {"exec": {"command": ["python", "-m", "dapo.gpu_check", "--min-driver",
-                                                           MIN_DRIVER]}}
+                                                           str(min_driver)]}}
         lifecycle["preStop"] = {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}
         out: dict[str, Any] = {"lifecycle": lifecycle}
         sc = copy.deepcopy(self.v.get("securityContext") or {})

@@ -345,10 +345,10 @@ Usage: include "dapo.rayContainerCommon" (dict "root" $ "gpuCheck" true|false)
 */}}
 {{- define "dapo.rayContainerCommon" -}}
 lifecycle:
-  {{- if .gpuCheck }}
+  {{- if and .gpuCheck (gt (int .root.Values.worker.minDriver) 0) }}
   postStart:
     exec:
-      command: ["python", "-m", "dapo.gpu_check", "--min-driver", "580"]
+      command: ["python", "-m", "dapo.gpu_check", "--min-driver", {{ .root.Values.worker.minDriver | int | toString | quote }}]
   {{- end }}
   preStop:
     exec:
