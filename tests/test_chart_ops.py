@@ -535,3 +535,74 @@ def test_gpu_workers_check_the_driver_at_start_and_the_head_does_not():
     assert h == p
     worker = p[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
     assert worker["containers"][0]["lifecycle"]["postStart"]["exec"]["command"][-1] == "560"
+
+
+class _FakeDynamic:
+    """kubernetes.dynamic.DynamicClient stand-in: RayJobs that exist (name -> object), applied objects recorded."""
+
+    def __init__(self, live: dict[str, dict]):
+        self.live = live
+        self.applied: list[str] = []
+        outer = self
+
+        class Resource:
+            def __init__(self, kind):
+                self.kind = kind
+
+            def get(self, name, namespace):
+                from types import SimpleNamespace
+
+                from kubernetes.dynamic.exceptions import NotFoundError
+
+                if self.kind == "RayJob" and name in outer.live:
+                    return SimpleNamespace(to_dict=lambda: copy.deepcopy(outer.live[name]))
+                raise NotFoundError(SimpleNamespace(status=404, reason="Not Found", body="", headers={}))
+
+        class Resources:
+            def get(self, api_version, kind):
+                return Resource(kind)
+
+        self.resources = Resources()
+
+    def server_side_apply(self, res, body, namespace, field_manager, force_conflicts):
+        self.applied.append(f"{body['kind']}/{body['metadata']['name']}")
+
+
+@pytest.mark.parametrize("nodes, refused_", [(None, False), (8, True)])
+def test_render_py_apply_applies_the_upgrade_guard_before_applying_anything(monkeypatch, capsys, nodes, refused_):
+    from kubernetes import config as kconfig
+    from kubernetes import dynamic
+
+    job = by_key(python_objects([VALUES_DIR / "full.yaml"], namespace="ml"))[("RayJob", "dapo-train")]
+    fake = _FakeDynamic({"dapo-train": _live(job)})
+    monkeypatch.setattr(kconfig, "load_kube_config", lambda *a, **k: None)
+    monkeypatch.setattr(dynamic, "DynamicClient", lambda *a, **k: fake)
+    argv = ["--preset", "full", "--namespace", "ml", "--apply"] + (["--set", f"nodes={nodes}"] if nodes else [])
+    rc = render_script().main(argv)
+    err = capsys.readouterr().err
+    if refused_:
+        assert rc == 2 and fake.applied == []
+        assert "train: the RayJob dapo-train already exists in namespace ml" in err
+    else:
+        assert rc == 0 and "RayJob/dapo-train" in fake.applied and "ConfigMap/dapo-preset" in fake.applied
+
+
+@pytest.mark.parametrize("values, where", [
+    ({"train": {"preRunningDeadlineSeconds": 0}}, "/train/preRunningDeadlineSeconds"),
+    ({"eval": {"preRunningDeadlineSeconds": "1h"}}, "/eval/preRunningDeadlineSeconds"),
+    ({"storage": {"fixOwnership": {"uid": -1}}}, "/storage/fixOwnership/uid"),
+    ({"storage": {"fixOwnership": {"owner": "ray"}}}, "/storage/fixOwnership"),
+    ({"disruption": {"pdb": True}}, "/disruption"),
+    ({"worker": {"runtimeClassName": "Not_A_Name"}}, "/worker/runtimeClassName"),
+    ({"head": {"sidecarContainers": {"name": "x"}}}, "/head/sidecarContainers"),
+    ({"worker": {"extraVolumes": ["tmp"]}}, "/worker/extraVolumes/0"),
+    ({"podSecurityContext": "root"}, "/podSecurityContext"),
+    ({"worker": {"minDriver": "580"}}, "/worker/minDriver"),
+    ({"test": {"gpu": "yes"}}, "/test/gpu"),
+    ({"dataPrep": {"fetchModel": "true"}}, "/dataPrep/fetchModel"),
+])
+def test_schema_rejects_bad_new_values_naming_the_key(values, where):
+    with pytest.raises(helm().HelmValuesError, match=re.escape(where)):
+        chart().render({**RWX, **values}, name="dapo", namespace="ml")
+    with pytest.raises(ValuesError, match=re.escape(where)):
+        render_script().render_objects(CHART_DIR, [], extra={**RWX, **values})
