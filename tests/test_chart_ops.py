@@ -606,3 +606,15 @@ def test_schema_rejects_bad_new_values_naming_the_key(values, where):
         chart().render({**RWX, **values}, name="dapo", namespace="ml")
     with pytest.raises(ValuesError, match=re.escape(where)):
         render_script().render_objects(CHART_DIR, [], extra={**RWX, **values})
+
+
+def test_gpu_check_with_torch_reports_a_cuda_runtime_that_cannot_use_the_gpus(tmp_path):
+    """nvidia-smi lists GPUs but torch cannot use them (here: the CPU build of torch) -> a named failure."""
+    import torch
+
+    smi = fake_nvidia_smi(tmp_path, ["580.65.06, NVIDIA H200"])
+    if torch.cuda.is_available():  # pragma: no cover - only on a GPU machine
+        assert "torch" in gpu_check.check(580, torch_check=True, nvidia_smi=smi)
+        return
+    with pytest.raises(gpu_check.GpuCheckError, match=r"torch\.cuda\.is_available\(\) is False"):
+        gpu_check.check(580, 1, torch_check=True, nvidia_smi=smi)
