@@ -133,6 +133,10 @@ def test_long_runs_submit_over_http_with_per_attempt_deadlines(name):
     notes = helm_notes(values, release=release)
     total = (spec["backoffLimit"] + 1) * per_attempt
     assert f"all attempts together at most {total} s" in notes
+    assert "An attempt that is not Running 7200 s after it started" in notes
+    assert "counts against submitterConfig.backoffLimit" not in notes
+    k8s_job = helm_notes(user_values(files, {"train": {"submissionMode": "K8sJobMode"}}), release=release)
+    assert "K8sJobMode: every broken `ray job logs --follow` of the submitter counts" in k8s_job
 
 
 def test_operator_tolerates_a_dashboard_outage_longer_than_kuberays_default():
