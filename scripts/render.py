@@ -94,7 +94,25 @@ def apply(objects: list[dict[str, Any]], namespace: str | None) -> None:
         kconfig.load_kube_config()
     except kconfig.ConfigException:
         kconfig.load_incluster_config()
+    from kubernetes.dynamic.exceptions import NotFoundError
+
+    from dapo.k8s.manifests import upgrade_refusal
+
     client = dynamic.DynamicClient(api_client.ApiClient())
+    # the chart's upgrade guard: never change the spec of an existing RayJob (its next retry would run the change)
+    for obj in objects:
+        if obj["kind"] != "RayJob":
+            continue
+        ns = obj["metadata"].get("namespace") or namespace or "default"
+        res = client.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        try:
+            live = res.get(name=obj["metadata"]["name"], namespace=ns).to_dict()
+        except NotFoundError:
+            live = None
+        kind = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+        refusal = upgrade_refusal(kind, obj, live, ns)
+        if refusal:
+            raise ValuesError(refusal)
     for obj in objects:
         res = client.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         ns = obj["metadata"].get("namespace") or namespace or "default"

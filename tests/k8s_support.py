@@ -55,14 +55,16 @@ def helm_render(values: dict[str, Any], *, release: str = "dapo", namespace: str
 
 
 def helm_objects(values: dict[str, Any], *, release: str = "dapo", namespace: str = "ml",
-                 strip: bool = True) -> list[dict[str, Any]]:
-    """Objects of `helm template`, NOTES left out; Helm-only labels removed when strip."""
+                 strip: bool = True, hooks: bool = False) -> list[dict[str, Any]]:
+    """Objects of `helm template`, NOTES left out; Helm-only labels removed when strip; the `helm test` hook pods
+    only when hooks (then nothing else)."""
     out = []
     for path, text in sorted(helm_render(values, release=release, namespace=namespace).items()):
         if path.endswith("NOTES.txt"):
             continue
         for obj in yaml.safe_load_all(text):
-            if obj:
+            is_hook = bool(obj) and "helm.sh/hook" in (obj["metadata"].get("annotations") or {})
+            if obj and is_hook == hooks:
                 if strip:
                     for label in HELM_ONLY_LABELS:
                         obj["metadata"].get("labels", {}).pop(label, None)

@@ -27,6 +27,8 @@ from k8s_support import (
 )
 
 CI_VALUES = sorted((CHART_DIR / "ci").glob("*.yaml"))
+# a GPU preset needs a ReadWriteMany StorageClass by name (the chart refuses the cluster default)
+RWX = {"storage": {"storageClassName": "shared-rwx"}}
 
 
 def _lint(values):
@@ -47,7 +49,8 @@ def test_every_values_file_lints_strict_and_renders_its_preset(name):
     if name == "eval":
         assert kinds == ["RayJob"]
         return
-    assert kinds == ["ConfigMap", "PersistentVolumeClaim", "RayJob"]
+    pdb = ["PodDisruptionBudget"] if values.get("disruption", {}).get("podDisruptionBudget") else []
+    assert kinds == sorted(["ConfigMap", "PersistentVolumeClaim", "RayJob"] + pdb)
     job = objects[("RayJob", f"{release}-train")]
     assert f"/{values['preset']}.yaml" in job["spec"]["entrypoint"]
 
@@ -117,7 +120,7 @@ FAIL_CASES = [
          "train": {"shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 0}},
         "queue.scheduler: kueue",
     ),
-    ({"queue": {"scheduler": "kai", "name": "q"}}, "queue.scheduler: kai"),
+    ({"queue": {"scheduler": "kai", "name": "q"}, "train": {"submissionMode": "K8sJobMode"}}, "queue.scheduler: kai"),
     ({"queue": {"scheduler": "volcano"}}, "queue.name:"),
     ({"train": {"submissionMode": "SidecarMode"}, "head": {"restartPolicy": "Always"}}, "head.restartPolicy:"),
     ({"head": {"resources": {"limits": {"nvidia.com/gpu": 1}}}}, "head.resources.limits:"),
@@ -146,7 +149,7 @@ def test_cross_field_rule_fails_naming_the_key_in_helm_and_render_py(values, key
 
 def test_rayjob_name_limit_counts_the_suffix():
     # 41 characters of fullname + "-train" = 47: accepted; one more is refused (checked above)
-    objects = by_key(helm_objects({"fullnameOverride": "a" * 41}))
+    objects = by_key(helm_objects({"fullnameOverride": "a" * 41, **RWX}))
     assert ("RayJob", "a" * 41 + "-train") in objects
 
 
@@ -224,13 +227,23 @@ def test_notes_give_the_next_commands():
     notes = helm_notes(user_values([VALUES_DIR / "full.yaml"]), release="dapo", namespace="ml")
     for expected in (
         "kubectl get rayjob dapo-train -n ml",
-        "kubectl logs -n ml -f job/dapo-train",
+        # HTTPMode: no submitter Job; the driver log of every attempt is on the shared volume
+        "tail -f /shared/checkpoints/DAPO-verl/DAPO-Qwen2.5-32B/logs/attempt-1.log",
+        "ray job logs --address http://localhost:8265 --follow",
         "-c ray-head",
+        "Ray head container (GCS, dashboard: not the driver)",
+        "helm upgrade` is refused while dapo-train exists",
+        "kubectl -n ml delete rayjob dapo-train",
+        "helm test dapo -n ml",
+        "activeDeadlineSeconds is per attempt; all attempts together at most 10368000 s",
         "kubectl port-forward -n ml svc/dapo-train-head-svc 8265:8265",
         "https://wandb.ai/",
         "kubectl delete pvc dapo-shared -n ml",
     ):
         assert expected in notes, expected
+    assert "job/dapo-train" not in notes  # HTTPMode has no submitter Job
+    k8s_job = helm_notes(user_values([VALUES_DIR / "full.yaml"], {"train": {"submissionMode": "K8sJobMode"}}))
+    assert "kubectl logs -n ml -f job/dapo-train" in k8s_job
     eval_notes = helm_notes(user_values(set_files("eval")[0]), release="dapo-aime", namespace="ml")
     assert "kubectl get rayjob dapo-aime-eval -n ml" in eval_notes and "dapo-train" not in eval_notes
 
@@ -248,7 +261,7 @@ def test_standard_labels_on_every_object():
 def test_queue_labels_for_each_batch_scheduler():
     expected = {"kueue": "kueue.x-k8s.io/queue-name", "volcano": "volcano.sh/queue-name", "kai": "kai.scheduler/queue"}
     for scheduler, label in expected.items():
-        values = {"queue": {"scheduler": scheduler, "name": "gpu-q"}, "train": {"submissionMode": "HTTPMode"}}
+        values = {"queue": {"scheduler": scheduler, "name": "gpu-q"}, "train": {"submissionMode": "HTTPMode"}, **RWX}
         job = by_key(helm_objects(values))[("RayJob", "dapo-train")]
         assert job["metadata"]["labels"][label] == "gpu-q"
 

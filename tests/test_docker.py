@@ -46,7 +46,9 @@ from docker_stack import (
 # the current version of a package in -updates/-security, so `pkg=version` pins break the build at the next
 # security update; their versions are fixed by the pinned base image tag and recorded in /opt/dapo/dpkg.txt of each
 # image. Only these names may be installed that way; anything else needs `pkg=version`.
-APT_UNPINNED_BY_POLICY = {"ca-certificates", "git", "wget"}
+APT_UNPINNED_BY_POLICY = {"ca-certificates", "git", "wget",
+                          # rdma-core userspace for NCCL over InfiniBand / RoCE; hwloc headers for aws-ofi-nccl (EFA)
+                          "ibverbs-providers", "ibverbs-utils", "libibverbs1", "librdmacm1", "libhwloc-dev"}
 APT_PYTHON = re.compile(r"^python3\.\d+(-dev|-venv)?$")
 
 
@@ -475,3 +477,36 @@ def test_ci_workflow_builds_both_images_and_says_it_does_not_run_here():
     for step in steps:
         if "uses" in step:
             assert re.search(r"@(v\d+(\.\d+)*|[0-9a-f]{40})$", step["uses"]), f"{path}: unpinned action {step['uses']}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# network fabrics: InfiniBand userspace in the image, the EFA variant checksum-verified
+
+
+def test_training_runtime_ships_the_rdma_userspace_nccl_dlopens():
+    for stack in ("train", "train-repro"):
+        df = stack_dockerfile(stack)
+        runtime_apt = {p for ins, pkgs, _ in apt_installs(df) if ins.stage == df.final_stage for p in pkgs}
+        assert {"libibverbs1", "ibverbs-providers", "librdmacm1"} <= runtime_apt, stack
+
+
+def test_efa_args_name_the_dockerfile_build_arguments_of_both_stages():
+    args = read_args_file(DOCKER / "efa.args")
+    assert set(args) == {"EFA_INSTALLER_VERSION", "EFA_INSTALLER_SHA256", "AWS_OFI_NCCL_VERSION", "AWS_OFI_NCCL_SHA256"}
+    text = TRAIN.read_text()
+    for key in args:
+        assert f"ARG {key}=" in text, key
+    assert text.count('ARG EFA_INSTALLER_VERSION=""') == 2  # builder (plugin build) and runtime (libfabric)
+    assert "LD_LIBRARY_PATH=/opt/aws-ofi-nccl/lib:/opt/amazon/efa/lib" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["1.38.0", ""], "no SHA-256 given for https://efa-installer.amazonaws.com/aws-efa-installer-1.38.0.tar.gz"),
+    (["--ofi-nccl", "", "", "/tmp/x"], "AWS_OFI_NCCL_VERSION is required together with EFA_INSTALLER_VERSION"),
+    (["--ofi-nccl", "1.13.2", "", "/tmp/x"], "no SHA-256 given for https://github.com/aws/aws-ofi-nccl/releases/"),
+])
+def test_efa_install_script_refuses_a_download_without_its_checksum(argv, message):
+    """Nothing is fetched: the script stops before wget when the checksum build argument is empty."""
+    out = subprocess.run(["/bin/sh", str(DOCKER / "install-efa.sh"), *argv], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2 and message in out.stderr, out.stderr

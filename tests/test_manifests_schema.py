@@ -107,9 +107,9 @@ def test_strict_crd_schema_catches_a_misspelled_field(crd_dir):
     validator = crd_validator(str(crd_dir / "ray.io_rayjobs.yaml"))
     job = copy.deepcopy(by_key(python_objects(set_files("full")[0]))[("RayJob", "dapo-train")])
     job["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParam"] = {"num-gpus": "0"}
-    job["spec"]["submitterConfig"]["backofflimit"] = 2
+    job["spec"]["preRunningDeadlineSecond"] = 3600
     errors = _errors(validator, job)
-    assert any("rayStartParam'" in e for e in errors) and any("backofflimit" in e for e in errors)
+    assert any("rayStartParam'" in e for e in errors) and any("preRunningDeadlineSecond'" in e for e in errors)
 
 
 @pytest.mark.parametrize(
@@ -122,7 +122,8 @@ def test_strict_crd_schema_catches_a_misspelled_field(crd_dir):
         (lambda j: j["spec"]["rayClusterSpec"]["workerGroupSpecs"][0].update(replicas=20), "replicas: 20"),
         (lambda j: j["spec"].update(deletionStrategy={"deletionRules": [
             {"policy": "DeleteCluster", "condition": {"jobStatus": "FAILED"}}]}), "mutually exclusive"),
-        (lambda j: j["spec"].update(submissionMode="SidecarMode"), "not supported in SidecarMode"),
+        (lambda j: j["spec"].update(submissionMode="SidecarMode", submitterConfig={"backoffLimit": 2}),
+         "not supported in SidecarMode"),
         (lambda j: j["spec"].update(shutdownAfterJobFinishes=False), "requires shutdownAfterJobFinishes"),
         (lambda j: j["spec"].update(runtimeEnvYAML="env_vars: [unclosed"), "runtimeEnvYAML"),
         (lambda j: j["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"].update(labels="a=b"),
@@ -250,9 +251,12 @@ def test_no_secret_value_reaches_any_output(monkeypatch):
 def test_data_preparation_runs_before_the_head_with_the_shared_volume():
     files, release = set_files("full")
     job = by_key(python_objects(files, release=release))[("RayJob", "dapo-train")]
-    (init,) = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["initContainers"]
+    init, fetch = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["initContainers"]
     assert init["command"] == ["dapo", "data", "prepare", "--out", "/shared/data"]
     assert {"name": "shared", "mountPath": "/shared"} in init["volumeMounts"]
+    # the model is fetched once into the shared Hugging Face cache, after the data
+    assert fetch["name"] == "model-fetch" and fetch["command"] == ["hf", "download", "Qwen/Qwen2.5-32B"]
+    assert {"name": "HF_HOME", "value": "/shared/hf"} in fetch["env"]
     preset = load_preset("full")
     for f in preset.recipe.data.train_files + preset.recipe.data.val_files:
         assert f.startswith("/shared/data/"), f

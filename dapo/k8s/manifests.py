@@ -10,15 +10,31 @@ Objects (K = fullname):
 - RayJob ``K-train``: ``python -m dapo.train --preset <presetDir>/<preset>.yaml placement.nodes=N
   placement.gpus_per_node=G [overrides]`` on a CPU head + one GPU worker group (replicas = min = max = N).
 - RayJob ``K-eval`` (``eval.enabled``): ``dapo eval run --checkpoint-dir ... --step ... --test-file ... --output ...``.
+- PodDisruptionBudget ``K-train`` (``disruption.podDisruptionBudget``): maxUnavailable 0 over the training pods.
+- helm test pods (:meth:`Chart.test_pods`, not in :meth:`Chart.objects`): ``K-test-shared``, ``K-test-gpu``.
+
+Every RayJob carries the annotation ``dapo-k8s.github.io/spec-sha256`` (:func:`spec_sha256`); an upgrade that would
+change it while the RayJob exists is refused (:func:`upgrade_refusal`, the chart's ``dapo.upgradeGuard``).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any
 
-from dapo.k8s.presets import ValuesError, go_quote, go_string, merged_preset, preset_files, trainer_path
-from dapo.k8s.values import check, fullname, placement
+from dapo.k8s.presets import (
+    ValuesError,
+    effective_preset,
+    go_quote,
+    go_string,
+    merged_preset,
+    model_repo,
+    preset_files,
+    trainer_path,
+)
+from dapo.k8s.values import check, fullname, hub_offline, placement
 
 # Every job's runtime env: a driver calling ray.init(runtime_env=...) merges with it (Ray 2.60 refuses keys set in
 # both otherwise).
@@ -26,6 +42,47 @@ JOB_ENV = {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
 
 # Labels only Helm writes; scripts/render.py output has none of them.
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
+
+SPEC_HASH_ANNOTATION = "dapo-k8s.github.io/spec-sha256"
+DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+TEST_HOOK = {"helm.sh/hook": "test", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
+SMALL = {"cpu": "100m", "memory": "64Mi"}
+
+
+def go_json(data: Any) -> str:
+    """Go's encoding/json (Helm's ``toJson``): keys sorted, no spaces, <, >, &, U+2028, U+2029 escaped."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                    ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return text
+
+
+def spec_sha256(spec: dict[str, Any], preset_files_: dict[str, str] | None = None) -> str:
+    """The RayJob's ``dapo-k8s.github.io/spec-sha256``: SHA-256 of the JSON of its spec (and of the preset files the
+    training job reads), computed as the chart's ``dapo.rayJobWithHash`` does."""
+    content: dict[str, Any] = {"spec": spec}
+    if preset_files_ is not None:
+        content["presetFiles"] = preset_files_
+    return hashlib.sha256(go_json(content).encode()).hexdigest()
+
+
+def upgrade_refusal(kind: str, new: dict[str, Any], live: dict[str, Any] | None, namespace: str) -> str | None:
+    """The chart's ``dapo.upgradeGuard``: the message refusing to replace a live RayJob ``live`` by ``new`` when that
+    changes its spec (KubeRay ignores the change now and builds the next retry from it); None when allowed."""
+    if not live:
+        return None
+    name = new["metadata"]["name"]
+    old = ((live.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION) or ""
+    if old == new["metadata"]["annotations"][SPEC_HASH_ANNOTATION]:
+        return None
+    status = (live.get("status") or {}).get("jobDeploymentStatus") or "unknown"
+    return (
+        f"{kind}: the RayJob {name} already exists in namespace {namespace} (deployment status {status}) and this "
+        "release would change its spec; KubeRay ignores the change now but builds the next retry from it. Delete the "
+        f"RayJob first (kubectl -n {namespace} delete rayjob {name}; a new attempt resumes from the latest "
+        "checkpoint) or install the change as a new release with its own recipe.trainer.experiment_name"
+    )
 
 
 def runtime_env_yaml(env: dict[str, str]) -> str | None:
@@ -54,6 +111,8 @@ class Chart:
         check(values, train_job_name=self.train_job_name, eval_job_name=self.eval_job_name)
         self.preset = merged_preset(values["preset"])
         self.placement = placement(values, self.preset)
+        # the preset after the preset-key overrides: paths, experiment name and model of the run
+        self.effective = effective_preset(self.preset, list(values["overrides"]))
 
     # -- names and labels ----------------------------------------------------------------------------------------
 
@@ -86,10 +145,12 @@ class Chart:
     # -- objects -------------------------------------------------------------------------------------------------
 
     def objects(self) -> list[dict[str, Any]]:
-        """Every object, in Helm's install order (ConfigMap, PVC, RayJobs)."""
+        """Every object but the helm test pods, in template order (ConfigMap, PDB, PVC, RayJobs)."""
         out = []
         if self.v["train"]["enabled"]:
             out.append(self.preset_configmap())
+        if self.v["train"]["enabled"] and self.v["disruption"]["podDisruptionBudget"]:
+            out.append(self.pdb())
         if not self.v["storage"]["existingClaim"]:
             out.append(self.pvc())
         if self.v["train"]["enabled"]:
@@ -105,6 +166,85 @@ class Chart:
             "metadata": self.metadata(self.preset_cm_name, "preset"),
             "data": dict(sorted(preset_files(self.v["preset"]).items())),
         }
+
+    def pdb(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": self.metadata(self.train_job_name, "train"),
+            "spec": {"maxUnavailable": 0, "selector": {
+                "matchLabels": {"app.kubernetes.io/name": self.name, "app.kubernetes.io/instance": self.release},
+                "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In",
+                                      "values": ["train-head", "train-worker"]}],
+            }},
+        }
+
+    def test_pods(self) -> list[dict[str, Any]]:
+        """The ``helm test`` hook pods: the shared volume, and (test.gpu) one GPU worker's driver and devices."""
+        v = self.v
+        image = f"{v['image']['repository']}:{v['image']['tag']}"
+        pods = []
+        common: dict[str, Any] = {"restartPolicy": "Never"}
+        if v.get("serviceAccountName"):
+            common["serviceAccountName"] = v["serviceAccountName"]
+        if v.get("imagePullSecrets"):
+            common["imagePullSecrets"] = copy.deepcopy(v["imagePullSecrets"])
+        if v.get("podSecurityContext"):
+            common["securityContext"] = copy.deepcopy(v["podSecurityContext"])
+        shared = dict(common)
+        for key in ("nodeSelector", "tolerations"):
+            if v["head"].get(key):
+                shared[key] = copy.deepcopy(v["head"][key])
+        shared["containers"] = [{
+            "name": "shared-volume", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
+            "command": ["/bin/sh", "-c", self.shared_test_script()],
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}},
+            "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
+        }]
+        shared["volumes"] = [{"name": "shared", "persistentVolumeClaim": {"claimName": self.claim_name}}]
+        pods.append(self._test_pod("shared", shared))
+        pl = self.placement
+        gpus = 0
+        if v["train"]["enabled"] and pl["backend"] != "local":
+            gpus = pl["gpus"]
+        elif v["eval"]["enabled"]:
+            gpus = pl["evalGpus"]
+        if v["test"]["gpu"] and gpus > 0:
+            spec = dict(common)
+            w = v["worker"]
+            if w.get("runtimeClassName"):
+                spec["runtimeClassName"] = w["runtimeClassName"]
+            for key in ("nodeSelector", "tolerations", "affinity"):
+                if w.get(key):
+                    spec[key] = copy.deepcopy(w[key])
+            res = {"cpu": "1", "memory": "8Gi", "nvidia.com/gpu": str(gpus)}
+            spec["containers"] = [{
+                "name": "gpu", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
+                "command": ["python", "-m", "dapo.gpu_check", "--min-driver", str(int(w.get("minDriver") or 0)),
+                            "--gpus", str(gpus), "--torch"],
+                "resources": {"requests": dict(res), "limits": dict(res)},
+            }]
+            pods.append(self._test_pod("gpu", spec))
+        return sorted(pods, key=lambda pod: pod["metadata"]["name"])  # Helm's order: the template file names
+
+    def _test_pod(self, what: str, spec: dict[str, Any]) -> dict[str, Any]:
+        meta = self.metadata(f"{self.fullname}-test-{what}", "test")
+        meta["annotations"] = dict(TEST_HOOK)
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+    def shared_test_script(self) -> str:
+        v = self.v
+        m = v["storage"]["mountPath"]
+        m = m[:-1] if m.endswith("/") else m
+        return (
+            f'set -u; f={m}/.dapo-helm-test-$(hostname); want="written by uid $(id -u) gid $(id -g)"; '
+            f'if ! echo "$want" > "$f"; then echo "cannot write {m} as uid $(id -u) gid $(id -g): set '
+            'podSecurityContext.fsGroup or storage.fixOwnership.enabled (docs/deploy.md)" >&2; exit 1; fi; '
+            f'if [ "$(cat "$f")" != "$want" ]; then echo "{m}: read back differs from what was written" >&2; exit 1; '
+            f'fi; rm -f "$f"; for d in {v["dataPrep"]["outDir"]} {v["storage"]["hfHome"]}; do if [ -e "$d" ] && '
+            '[ ! -w "$d" ]; then echo "$d is not writable by uid $(id -u)" >&2; exit 1; fi; done; '
+            f'echo "{m}: write and read back OK as uid $(id -u)"'
+        )
 
     def pvc(self) -> dict[str, Any]:
         s = self.v["storage"]
@@ -151,7 +291,7 @@ class Chart:
 
     def eval_paths(self) -> dict[str, str]:
         ev = self.v["eval"]
-        recipe = self.preset.get("recipe") or {}
+        recipe = self.effective.get("recipe") or {}
         trainer = recipe.get("trainer") or {}
         ckpt = ev.get("checkpointDir") or trainer_path(trainer["default_local_dir"], trainer)
         test = ev.get("testFile") or recipe["data"]["val_files"][0]
@@ -183,16 +323,20 @@ class Chart:
 
     # -- pieces --------------------------------------------------------------------------------------------------
 
-    def env(self, *, head: bool) -> list[dict[str, Any]]:
+    def env(self, *, head: bool, kind: str = "train") -> list[dict[str, Any]]:
         v = self.v
         s = v["secret"]
         env: list[dict[str, Any]] = [
             {"name": "HF_HOME", "value": v["storage"]["hfHome"]},
             {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
                 "name": s["name"], "key": s["hfTokenKey"], "optional": s["hfTokenOptional"]}}},
+            # the evaluation never needs wandb
             {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {
-                "name": s["name"], "key": s["wandbApiKeyKey"], "optional": s["wandbApiKeyOptional"]}}},
+                "name": s["name"], "key": s["wandbApiKeyKey"],
+                "optional": bool(s["wandbApiKeyOptional"] or kind == "eval")}}},
         ]
+        if hub_offline(v, self.preset):
+            env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
         if (v.get("wandb") or {}).get("entity"):
             env.append({"name": "WANDB_ENTITY", "value": v["wandb"]["entity"]})
         env.append({"name": "RAY_memory_monitor_refresh_ms", "value": "0"})
@@ -216,31 +360,94 @@ class Chart:
             out["priorityClassName"] = v["priorityClassName"]
         if v.get("schedulerName"):
             out["schedulerName"] = v["schedulerName"]
+        if v.get("podSecurityContext"):
+            out["securityContext"] = copy.deepcopy(v["podSecurityContext"])
         return out
 
-    def ray_container_common(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}}}
+    def pod_annotations(self, own: dict[str, str] | None) -> dict[str, str]:
+        out = dict(DO_NOT_DISRUPT) if self.v["disruption"]["doNotDisrupt"] else {}
+        out.update(own or {})
+        return out
+
+    def ray_container_common(self, *, gpu_check: bool = False) -> dict[str, Any]:
+        lifecycle: dict[str, Any] = {}
+        min_driver = int(self.v["worker"].get("minDriver") or 0)
+        if gpu_check and min_driver > 0:
+            lifecycle["postStart"] = {"exec": {"command": ["python", "-m", "dapo.gpu_check", "--min-driver",
+                                                           str(min_driver)]}}
+        lifecycle["preStop"] = {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}
+        out: dict[str, Any] = {"lifecycle": lifecycle}
+        sc = copy.deepcopy(self.v.get("securityContext") or {})
         if self.v.get("ipcLock"):
-            out["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+            caps = sc.setdefault("capabilities", {})
+            add = list(caps.get("add") or [])
+            if "IPC_LOCK" not in add:
+                add.append("IPC_LOCK")
+            caps["add"] = add
+        if sc:
+            out["securityContext"] = sc
         return out
 
-    def volumes(self, *, shm: str, presets: bool) -> list[dict[str, Any]]:
+    def volumes(self, *, shm: str, presets: bool, extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         vols: list[dict[str, Any]] = [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
             {"name": "shared", "persistentVolumeClaim": {"claimName": self.claim_name}},
         ]
         if presets:
             vols.append({"name": "presets", "configMap": {"name": self.preset_cm_name}})
-        return vols
+        return vols + copy.deepcopy(extra or [])
 
-    def volume_mounts(self, *, presets: bool) -> list[dict[str, Any]]:
+    def volume_mounts(self, *, presets: bool, extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         mounts: list[dict[str, Any]] = [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "shared", "mountPath": self.v["storage"]["mountPath"]},
         ]
         if presets:
             mounts.append({"name": "presets", "mountPath": self.v["train"]["presetDir"], "readOnly": True})
-        return mounts
+        return mounts + copy.deepcopy(extra or [])
+
+    def hub_env(self) -> list[dict[str, Any]]:
+        v = self.v
+        s = v["secret"]
+        return [
+            {"name": "HF_HOME", "value": v["storage"]["hfHome"]},
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": s["name"], "key": s["hfTokenKey"], "optional": s["hfTokenOptional"]}}},
+        ] + [{"name": k, "value": v["env"][k]} for k in sorted(v["env"])]
+
+    def head_init_containers(self, image: str) -> list[dict[str, Any]]:
+        """fix-ownership (storage.fixOwnership, as root), data-prepare, model-fetch (dataPrep.fetchModel)."""
+        v = self.v
+        out = []
+        if v["storage"]["fixOwnership"]["enabled"]:
+            out.append(self.fix_ownership_init_container(image))
+        if v["dataPrep"]["enabled"]:
+            out.append(self.data_prep_init_container(image))
+            repo = model_repo(self.effective)
+            if repo and v["dataPrep"].get("fetchModel"):
+                out.append({
+                    "name": "model-fetch", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
+                    "command": ["hf", "download", repo], "env": self.hub_env(),
+                    "resources": copy.deepcopy(v["dataPrep"]["resources"]),
+                    "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
+                })
+        return out
+
+    def fix_ownership_init_container(self, image: str) -> dict[str, Any]:
+        v = self.v
+        o = v["storage"]["fixOwnership"]
+        dirs = " ".join(dict.fromkeys(
+            p[:-1] if p.endswith("/") else p for p in (v["storage"]["mountPath"], v["dataPrep"]["outDir"],
+                                                       v["storage"]["hfHome"])))
+        script = (f'set -eu; for d in {dirs}; do mkdir -p "$d"; chown {int(o["uid"])}:{int(o["gid"])} "$d"; '
+                  f'chmod 2775 "$d"; done; ls -ld {dirs}')
+        return {
+            "name": "fix-ownership", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
+            "command": ["/bin/sh", "-c", script],
+            "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
+            "resources": {"requests": dict(SMALL), "limits": dict(SMALL)},
+            "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
+        }
 
     def data_prep_init_container(self, image: str) -> dict[str, Any]:
         v = self.v
@@ -267,16 +474,20 @@ class Chart:
         v = self.v
         h = v["head"]
         meta: dict[str, Any] = {"labels": {**self.selector_labels(f"{kind}-head"), **(h.get("labels") or {})}}
-        if h.get("annotations"):
-            meta["annotations"] = dict(h["annotations"])
+        annotations = self.pod_annotations(h.get("annotations"))
+        if annotations:
+            meta["annotations"] = annotations
         spec: dict[str, Any] = self.pod_common()
         if h.get("restartPolicy"):
             spec["restartPolicy"] = h["restartPolicy"]
+        if h.get("runtimeClassName"):
+            spec["runtimeClassName"] = h["runtimeClassName"]
         for key in ("nodeSelector", "tolerations", "affinity"):
             if h.get(key):
                 spec[key] = copy.deepcopy(h[key])
-        if v["dataPrep"]["enabled"]:
-            spec["initContainers"] = [self.data_prep_init_container(image)]
+        init = self.head_init_containers(image)
+        if init:
+            spec["initContainers"] = init
         container = {
             "name": "ray-head",
             "image": image,
@@ -287,22 +498,25 @@ class Chart:
                 {"name": "client", "containerPort": 10001},
                 {"name": "serve", "containerPort": 8000},
             ],
-            "env": self.env(head=True),
+            "env": self.env(head=True, kind=kind),
             "resources": copy.deepcopy(h["resources"]),
-            "volumeMounts": self.volume_mounts(presets=presets),
+            "volumeMounts": self.volume_mounts(presets=presets, extra=h.get("extraVolumeMounts")),
             **self.ray_container_common(),
         }
-        spec["containers"] = [container]
-        spec["volumes"] = self.volumes(shm=h["shmSize"], presets=presets)
+        spec["containers"] = [container] + copy.deepcopy(h.get("sidecarContainers") or [])
+        spec["volumes"] = self.volumes(shm=h["shmSize"], presets=presets, extra=h.get("extraVolumes"))
         return {"rayStartParams": dict(h["rayStartParams"]), "template": {"metadata": meta, "spec": spec}}
 
     def worker_group(self, *, kind: str, image: str, nodes: int, gpus: int, presets: bool) -> dict[str, Any]:
         v = self.v
         w = v["worker"]
         meta: dict[str, Any] = {"labels": {**self.selector_labels(f"{kind}-worker"), **(w.get("labels") or {})}}
-        if w.get("annotations"):
-            meta["annotations"] = dict(w["annotations"])
+        annotations = self.pod_annotations(w.get("annotations"))
+        if annotations:
+            meta["annotations"] = annotations
         spec: dict[str, Any] = self.pod_common()
+        if w.get("runtimeClassName"):
+            spec["runtimeClassName"] = w["runtimeClassName"]
         for key in ("nodeSelector", "tolerations"):
             if w.get(key):
                 spec[key] = copy.deepcopy(w[key])
@@ -324,13 +538,13 @@ class Chart:
             "name": "ray-worker",
             "image": image,
             "imagePullPolicy": v["image"]["pullPolicy"],
-            "env": self.env(head=False),
+            "env": self.env(head=False, kind=kind),
             "resources": resources,
-            "volumeMounts": self.volume_mounts(presets=presets),
-            **self.ray_container_common(),
+            "volumeMounts": self.volume_mounts(presets=presets, extra=w.get("extraVolumeMounts")),
+            **self.ray_container_common(gpu_check=gpus > 0),
         }
-        spec["containers"] = [container]
-        spec["volumes"] = self.volumes(shm=w["shmSize"], presets=presets)
+        spec["containers"] = [container] + copy.deepcopy(w.get("sidecarContainers") or [])
+        spec["volumes"] = self.volumes(shm=w["shmSize"], presets=presets, extra=w.get("extraVolumes"))
         return {
             "groupName": w["groupName"],
             "replicas": nodes,
@@ -356,6 +570,8 @@ class Chart:
         spec["backoffLimit"] = int(job["backoffLimit"])
         if job.get("activeDeadlineSeconds") is not None:
             spec["activeDeadlineSeconds"] = int(job["activeDeadlineSeconds"])
+        if job.get("preRunningDeadlineSeconds") is not None:
+            spec["preRunningDeadlineSeconds"] = int(job["preRunningDeadlineSeconds"])
         spec["shutdownAfterJobFinishes"] = bool(job["shutdownAfterJobFinishes"])
         spec["ttlSecondsAfterFinished"] = int(job["ttlSecondsAfterFinished"])
         if job.get("deletionRules"):
@@ -363,6 +579,11 @@ class Chart:
         if job["submissionMode"] == "K8sJobMode":
             spec["submitterConfig"] = {"backoffLimit": int(job["submitter"]["backoffLimit"])}
             pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
+            for key in ("serviceAccountName", "priorityClassName"):
+                if v.get(key):
+                    pod_spec[key] = v[key]
+            if v.get("podSecurityContext"):
+                pod_spec["securityContext"] = copy.deepcopy(v["podSecurityContext"])
             if v.get("imagePullSecrets"):
                 pod_spec["imagePullSecrets"] = copy.deepcopy(v["imagePullSecrets"])
             for key in ("nodeSelector", "tolerations"):
@@ -387,6 +608,8 @@ class Chart:
                 self.worker_group(kind=kind, image=image, nodes=nodes, gpus=gpus, presets=presets)
             ]
         spec["rayClusterSpec"] = cluster
+        files = preset_files(v["preset"]) if presets else None
+        meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_sha256(spec, files)}
         return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": meta, "spec": spec}
 
 
@@ -397,4 +620,5 @@ def build(values: dict[str, Any], *, release: str = "dapo", namespace: str | Non
                  app_version=app_version).objects()
 
 
-__all__ = ["Chart", "HELM_ONLY_LABELS", "ValuesError", "build", "go_quote", "runtime_env_yaml"]
+__all__ = ["Chart", "HELM_ONLY_LABELS", "SPEC_HASH_ANNOTATION", "ValuesError", "build", "go_json", "go_quote",
+           "runtime_env_yaml", "spec_sha256", "upgrade_refusal"]

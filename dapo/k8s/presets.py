@@ -8,6 +8,7 @@ Python so ``scripts/render.py`` produces the same objects; the preset is also va
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,38 @@ def merged_preset(name: str, preset_dir: Path = PRESET_DIR) -> dict[str, Any]:
         doc.pop("extends", None)
         merged = deep_merge(merged, doc)
     return merged
+
+
+PRESET_ROOTS = ("recipe", "placement", "local", "name", "description", "target_aime")  # = dapo.train.PRESET_ROOTS
+HUB_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def effective_preset(preset: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """The chart's ``dapo.effectivePreset``: the merged preset after the ``overrides`` that are preset keys, applied
+    like :func:`dapo.config.apply_overrides` (each ``a.b.c=VALUE`` sets the key, VALUE read as YAML)."""
+    out = copy.deepcopy(preset)
+    for o in overrides:
+        key, raw = (o.split("=", 1) + [""])[:2]
+        key = key.strip()
+        if key.lstrip("+~").split(".", 1)[0] not in PRESET_ROOTS:
+            continue
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        parts = key.split(".")
+        node = out
+        for part in parts[:-1]:
+            if node.get(part) is None:
+                node[part] = {}
+            if not isinstance(node[part], dict):
+                raise ValuesError(f"overrides: {q(o)}: {q(part)} is not a mapping in the preset")
+            node = node[part]
+        node[parts[-1]] = value
+    return out
+
+
+def model_repo(preset: dict[str, Any]) -> str:
+    """The chart's ``dapo.modelRepo``: the Hugging Face repo id of the preset's model, "" for built-in / local."""
+    path = go_string(((preset.get("recipe") or {}).get("model") or {}).get("path") or "")
+    return path if HUB_REPO.fullmatch(path) else ""
 
 
 def go_string(value: Any) -> str:

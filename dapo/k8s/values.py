@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from dapo.k8s.presets import ValuesError, merged_preset, preset_chain, q
+from dapo.k8s.presets import ValuesError, effective_preset, go_string, merged_preset, model_repo, preset_chain, q
 from dapo.k8s.versions import MAX_RAYJOB_NAME
 
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -248,6 +248,25 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
             if key in SELECTOR_LABELS:
                 raise ValuesError(f"{group}.labels.{key}: set by the chart (selector label); remove it here")
 
+    if hub_offline(v, preset) and "HF_HUB_OFFLINE" in v["env"]:
+        raise ValuesError("env.HF_HUB_OFFLINE: set by the chart when dataPrep.fetchModel downloads the model; remove it here")
+
+    guaranteed = [("head.resources", v["head"]["resources"])]
+    if v["dataPrep"]["enabled"]:
+        guaranteed.append(("dataPrep.resources", v["dataPrep"]["resources"]))
+    for i, c in enumerate(v["head"].get("sidecarContainers") or []):
+        guaranteed.append((f"head.sidecarContainers[{i}].resources", c.get("resources") or {}))
+    for where, r in guaranteed:
+        for res in ("cpu", "memory"):
+            req, lim = (r.get("requests") or {}).get(res), (r.get("limits") or {}).get(res)
+            if req is None or lim is None or go_string(req) != go_string(lim):
+                raise ValuesError(
+                    f"{where}: requests.{res} and limits.{res} must both be set and equal (got "
+                    f"{go_string(req if req is not None else 'unset')} and {go_string(lim if lim is not None else 'unset')}): "
+                    "every container of the Ray head must keep the pod in the Guaranteed QoS class, the last to be "
+                    "evicted"
+                )
+
     if v["hostNetwork"] and not v["worker"]["onePerHost"]:
         raise ValuesError(
             "worker.onePerHost: must be true with hostNetwork (two Ray workers on one host would collide on ports)"
@@ -263,7 +282,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
             raise ValuesError(
                 f"eval.gpusPerNode: the evaluation serves the model on GPUs; must be >= 1, got {pl['evalGpus']}"
             )
-        recipe = preset.get("recipe") or {}
+        recipe = effective_preset(preset, v["overrides"]).get("recipe") or {}
         if not v["eval"].get("testFile") and not (recipe.get("data") or {}).get("val_files"):
             raise ValuesError(f"eval.testFile: the preset {q(v['preset'])} has no recipe.data.val_files; set eval.testFile")
         if not v["eval"].get("checkpointDir") and not (recipe.get("trainer") or {}).get("default_local_dir"):
@@ -271,6 +290,20 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                 f"eval.checkpointDir: the preset {q(v['preset'])} has no recipe.trainer.default_local_dir; set "
                 "eval.checkpointDir"
             )
+
+    gpu_run = (v["train"]["enabled"] and pl["backend"] != "local") or v["eval"]["enabled"]
+    if not v["storage"]["existingClaim"] and not v["storage"].get("storageClassName") and gpu_run:
+        raise ValuesError(
+            f"storage.storageClassName: preset {q(v['preset'])} runs on GPU nodes and needs a ReadWriteMany "
+            'StorageClass by name, or storage.existingClaim; the cluster default class ("") is ReadWriteOnce on EKS '
+            "and GKE and the claim would stay Pending (kubectl get storageclass lists the classes)"
+        )
+
+
+def hub_offline(values: dict[str, Any], preset: dict[str, Any]) -> bool:
+    """The chart's ``dapo.hubOffline``: the data preparation downloads the model, Ray pods run HF_HUB_OFFLINE=1."""
+    d = values["dataPrep"]
+    return bool(d["enabled"] and d.get("fetchModel") and model_repo(effective_preset(preset, values["overrides"])))
 
 
 def _check_deletion_rules(kind: str, rules: list[dict[str, Any]]) -> None:

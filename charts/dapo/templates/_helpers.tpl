@@ -157,6 +157,52 @@ The preset with its `extends:` chain resolved (JSON), as dapo.config.load_raw_pr
 {{- end -}}
 
 {{/*
+The preset after the values' `overrides` that are preset keys (root recipe, placement, local, name, description,
+target_aime), applied like dapo.config.apply_overrides: each `a.b.c=VALUE` sets the key, VALUE read as YAML. What
+the training run really uses for its paths, experiment name and model (evaluation, NOTES, model download).
+*/}}
+{{- define "dapo.effectivePreset" -}}
+{{- $p := include "dapo.preset" . | fromJson -}}
+{{- range $o := .Values.overrides -}}
+{{- $kv := regexSplit "=" $o 2 -}}
+{{- $key := trim (first $kv) -}}
+{{- $root := first (splitList "." (regexReplaceAll "^[+~]+" $key "")) -}}
+{{- if has $root (list "recipe" "placement" "local" "name" "description" "target_aime") -}}
+{{- $val := "" -}}
+{{- if trim (last $kv) -}}{{- $val = (fromYaml (printf "v: %s" (last $kv))).v -}}{{- end -}}
+{{- $parts := splitList "." $key -}}
+{{- $node := $p -}}
+{{- range $part := initial $parts -}}
+{{- if kindIs "invalid" (index $node $part) -}}{{- $_ := set $node $part dict -}}{{- end -}}
+{{- if not (kindIs "map" (index $node $part)) -}}
+{{- fail (printf "overrides: %q: %q is not a mapping in the preset" $o $part) -}}
+{{- end -}}
+{{- $node = index $node $part -}}
+{{- end -}}
+{{- $_ := set $node (last $parts) $val -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $p -}}
+{{- end -}}
+
+{{/*
+Hugging Face repo id of the effective preset's model ("" for built-in models and local paths): what the model
+download init container fetches.
+*/}}
+{{- define "dapo.modelRepo" -}}
+{{- $p := include "dapo.effectivePreset" . | fromJson -}}
+{{- $path := toString ((($p.recipe | default dict).model | default dict).path | default "") -}}
+{{- if regexMatch "^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$" $path -}}{{- $path -}}{{- end -}}
+{{- end -}}
+
+{{/*
+True ("true") when the data preparation downloads the model and the Ray pods run with HF_HUB_OFFLINE=1.
+*/}}
+{{- define "dapo.hubOffline" -}}
+{{- if and .Values.dataPrep.enabled .Values.dataPrep.fetchModel (include "dapo.modelRepo" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
 Effective placement (JSON): backend, nodes and GPUs per node of the training cluster and of the evaluation cluster.
 The preset decides unless values override; the chart needs these keys spelled out in the preset chain.
 */}}
@@ -208,7 +254,8 @@ env_vars:
 {{- end -}}
 
 {{/*
-Environment of every Ray container. Usage: include "dapo.env" (dict "root" $ "head" true)
+Environment of every Ray container. Usage: include "dapo.env" (dict "root" $ "head" true "kind" "train")
+The evaluation never needs wandb: its WANDB_API_KEY reference is always optional.
 */}}
 {{- define "dapo.env" -}}
 {{- $v := .root.Values -}}
@@ -225,7 +272,11 @@ Environment of every Ray container. Usage: include "dapo.env" (dict "root" $ "he
     secretKeyRef:
       name: {{ $v.secret.name | quote }}
       key: {{ $v.secret.wandbApiKeyKey | quote }}
-      optional: {{ $v.secret.wandbApiKeyOptional }}
+      optional: {{ or $v.secret.wandbApiKeyOptional (eq .kind "eval") }}
+{{- if include "dapo.hubOffline" .root }}
+- name: HF_HUB_OFFLINE
+  value: "1"
+{{- end }}
 {{- with $v.wandb.entity }}
 - name: WANDB_ENTITY
   value: {{ . | quote }}
@@ -267,25 +318,57 @@ priorityClassName: {{ . }}
 {{- with .Values.schedulerName }}
 schedulerName: {{ . }}
 {{- end }}
-{{- end -}}
-
-{{/*
-Container-level settings shared by the Ray containers (head and workers).
-*/}}
-{{- define "dapo.rayContainerCommon" -}}
-lifecycle:
-  preStop:
-    exec:
-      command: ["/bin/sh", "-c", "ray stop"]
-{{- if .Values.ipcLock }}
+{{- with .Values.podSecurityContext }}
 securityContext:
-  capabilities:
-    add: ["IPC_LOCK"]
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
 
 {{/*
-Volumes of a Ray pod. Usage: include "dapo.volumes" (dict "root" $ "shm" "16Gi" "presets" true)
+Annotations of a Ray pod: the do-not-disrupt pair (disruption.doNotDisrupt), then the group's own (they win).
+Usage: include "dapo.podAnnotations" (dict "root" $ "own" $v.head.annotations); empty when there are none.
+*/}}
+{{- define "dapo.podAnnotations" -}}
+{{- $a := dict -}}
+{{- if .root.Values.disruption.doNotDisrupt -}}
+{{- $_ := set $a "karpenter.sh/do-not-disrupt" "true" -}}
+{{- $_ := set $a "cluster-autoscaler.kubernetes.io/safe-to-evict" "false" -}}
+{{- end -}}
+{{- range $k, $val := (.own | default dict) -}}{{- $_ := set $a $k $val -}}{{- end -}}
+{{- with $a -}}{{- toYaml . -}}{{- end -}}
+{{- end -}}
+
+{{/*
+Container-level settings shared by the Ray containers (head and workers). A GPU worker checks its NVIDIA driver at
+start (postStart): a driver too old for the image's CUDA fails the pod with that message in its events.
+Usage: include "dapo.rayContainerCommon" (dict "root" $ "gpuCheck" true|false)
+*/}}
+{{- define "dapo.rayContainerCommon" -}}
+lifecycle:
+  {{- if and .gpuCheck (gt (int .root.Values.worker.minDriver) 0) }}
+  postStart:
+    exec:
+      command: ["python", "-m", "dapo.gpu_check", "--min-driver", {{ .root.Values.worker.minDriver | int | toString | quote }}]
+  {{- end }}
+  preStop:
+    exec:
+      command: ["/bin/sh", "-c", "ray stop"]
+{{- $sc := deepCopy (.root.Values.securityContext | default dict) -}}
+{{- if .root.Values.ipcLock -}}
+{{- $caps := deepCopy ($sc.capabilities | default dict) -}}
+{{- $add := $caps.add | default list -}}
+{{- if not (has "IPC_LOCK" $add) -}}{{- $add = append $add "IPC_LOCK" -}}{{- end -}}
+{{- $_ := set $caps "add" $add -}}
+{{- $_ := set $sc "capabilities" $caps -}}
+{{- end -}}
+{{- with $sc }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Volumes of a Ray pod. Usage: include "dapo.volumes" (dict "root" $ "shm" "16Gi" "presets" true "extra" $list)
 */}}
 {{- define "dapo.volumes" -}}
 - name: dshm
@@ -300,6 +383,9 @@ Volumes of a Ray pod. Usage: include "dapo.volumes" (dict "root" $ "shm" "16Gi" 
   configMap:
     name: {{ include "dapo.presetConfigMapName" .root }}
 {{- end }}
+{{- with .extra }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "dapo.volumeMounts" -}}
@@ -311,6 +397,87 @@ Volumes of a Ray pod. Usage: include "dapo.volumes" (dict "root" $ "shm" "16Gi" 
 - name: presets
   mountPath: {{ .root.Values.train.presetDir }}
   readOnly: true
+{{- end }}
+{{- with .extra }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Init containers of the Ray head, in order: fix-ownership (storage.fixOwnership, as root), data-prepare
+(dataPrep.enabled), model-fetch (dataPrep.fetchModel and a hub model). Usage: include "dapo.headInitContainers"
+(dict "root" $ "image" $image); empty when there are none.
+*/}}
+{{- define "dapo.headInitContainers" -}}
+{{- $v := .root.Values -}}
+{{- if $v.storage.fixOwnership.enabled }}
+{{ include "dapo.fixOwnershipInitContainer" . }}
+{{- end }}
+{{- if $v.dataPrep.enabled }}
+{{ include "dapo.dataPrepInitContainer" . }}
+{{- with include "dapo.modelRepo" .root }}
+{{- if $v.dataPrep.fetchModel }}
+- name: model-fetch
+  image: {{ $.image }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  command: ["hf", "download", {{ . | quote }}]
+  env:
+    {{- include "dapo.hubEnv" $.root | nindent 4 }}
+  resources:
+    {{- toYaml $v.dataPrep.resources | nindent 4 }}
+  volumeMounts:
+    - name: shared
+      mountPath: {{ $v.storage.mountPath }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The directories storage.fixOwnership hands to uid:gid: the mount, the data and the Hugging Face cache.
+*/}}
+{{- define "dapo.fixOwnershipInitContainer" -}}
+{{- $v := .root.Values -}}
+{{- $o := $v.storage.fixOwnership -}}
+{{- $dirs := list (trimSuffix "/" $v.storage.mountPath) (trimSuffix "/" $v.dataPrep.outDir) (trimSuffix "/" $v.storage.hfHome) -}}
+- name: fix-ownership
+  image: {{ .image }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  command:
+    - /bin/sh
+    - -c
+    - {{ printf "set -eu; for d in %s; do mkdir -p \"$d\"; chown %d:%d \"$d\"; chmod 2775 \"$d\"; done; ls -ld %s" (join " " (uniq $dirs)) (int $o.uid) (int $o.gid) (join " " (uniq $dirs)) | quote }}
+  securityContext:
+    runAsUser: 0
+    runAsGroup: 0
+    runAsNonRoot: false
+  resources:
+    requests:
+      cpu: 100m
+      memory: 64Mi
+    limits:
+      cpu: 100m
+      memory: 64Mi
+  volumeMounts:
+    - name: shared
+      mountPath: {{ $v.storage.mountPath }}
+{{- end -}}
+
+{{/*
+HF_HOME and HF_TOKEN of the download steps.
+*/}}
+{{- define "dapo.hubEnv" -}}
+- name: HF_HOME
+  value: {{ .Values.storage.hfHome | quote }}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.secret.name | quote }}
+      key: {{ .Values.secret.hfTokenKey | quote }}
+      optional: {{ .Values.secret.hfTokenOptional }}
+{{- range $k, $val := .Values.env }}
+- name: {{ $k | quote }}
+  value: {{ $val | quote }}
 {{- end }}
 {{- end -}}
 
@@ -348,7 +515,9 @@ The data preparation init container of the Ray head.
 
 {{/*
 A RayJob. Usage: include "dapo.rayJob" (dict "root" $ "kind" "train"|"eval" "name" $name "job" .Values.train
-  "entrypoint" $cmd "runtimeEnv" $envMap "image" $image "nodes" $n "gpus" $g "presets" true|false)
+  "entrypoint" $cmd "runtimeEnv" $envMap "image" $image "nodes" $n "gpus" $g "presets" true|false
+  "specHash" $sha256)
+specHash goes into the annotation dapo-k8s.github.io/spec-sha256 (see dapo.rayJobWithHash); "" leaves it out.
 */}}
 {{- define "dapo.rayJob" -}}
 {{- $root := .root -}}
@@ -359,6 +528,10 @@ kind: RayJob
 metadata:
   name: {{ .name }}
   namespace: {{ $root.Release.Namespace }}
+  {{- with .specHash }}
+  annotations:
+    dapo-k8s.github.io/spec-sha256: {{ . }}
+  {{- end }}
   labels:
     {{- include "dapo.labels" (dict "root" $root "component" .kind) | nindent 4 }}
     {{- if eq $v.queue.scheduler "kueue" }}
@@ -379,6 +552,9 @@ spec:
   {{- if not (kindIs "invalid" $job.activeDeadlineSeconds) }}
   activeDeadlineSeconds: {{ $job.activeDeadlineSeconds | int }}
   {{- end }}
+  {{- if not (kindIs "invalid" $job.preRunningDeadlineSeconds) }}
+  preRunningDeadlineSeconds: {{ $job.preRunningDeadlineSeconds | int }}
+  {{- end }}
   shutdownAfterJobFinishes: {{ $job.shutdownAfterJobFinishes }}
   ttlSecondsAfterFinished: {{ $job.ttlSecondsAfterFinished | int }}
   {{- with $job.deletionRules }}
@@ -395,6 +571,16 @@ spec:
         {{- include "dapo.selectorLabels" (dict "root" $root "component" (printf "%s-submitter" .kind)) | nindent 8 }}
     spec:
       restartPolicy: Never
+      {{- with $v.serviceAccountName }}
+      serviceAccountName: {{ . }}
+      {{- end }}
+      {{- with $v.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      {{- with $v.podSecurityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       {{- with $v.imagePullSecrets }}
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
@@ -428,9 +614,9 @@ spec:
             {{- with $v.head.labels }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
-          {{- with $v.head.annotations }}
+          {{- with (include "dapo.podAnnotations" (dict "root" $root "own" $v.head.annotations)) }}
           annotations:
-            {{- toYaml . | nindent 12 }}
+            {{- . | nindent 12 }}
           {{- end }}
         spec:
           {{- with (include "dapo.podCommon" $root | trim) }}
@@ -438,6 +624,9 @@ spec:
           {{- end }}
           {{- with $v.head.restartPolicy }}
           restartPolicy: {{ . }}
+          {{- end }}
+          {{- with $v.head.runtimeClassName }}
+          runtimeClassName: {{ . }}
           {{- end }}
           {{- with $v.head.nodeSelector }}
           nodeSelector:
@@ -451,9 +640,9 @@ spec:
           affinity:
             {{- toYaml . | nindent 12 }}
           {{- end }}
-          {{- if $v.dataPrep.enabled }}
+          {{- with (include "dapo.headInitContainers" (dict "root" $root "image" .image) | trim) }}
           initContainers:
-            {{- include "dapo.dataPrepInitContainer" (dict "root" $root "image" .image) | nindent 12 }}
+            {{- . | nindent 12 }}
           {{- end }}
           containers:
             - name: ray-head
@@ -469,14 +658,17 @@ spec:
                 - name: serve
                   containerPort: 8000
               env:
-                {{- include "dapo.env" (dict "root" $root "head" true) | nindent 16 }}
+                {{- include "dapo.env" (dict "root" $root "head" true "kind" .kind) | nindent 16 }}
               resources:
                 {{- toYaml $v.head.resources | nindent 16 }}
               volumeMounts:
-                {{- include "dapo.volumeMounts" (dict "root" $root "presets" .presets) | nindent 16 }}
-              {{- include "dapo.rayContainerCommon" $root | nindent 14 }}
+                {{- include "dapo.volumeMounts" (dict "root" $root "presets" .presets "extra" $v.head.extraVolumeMounts) | nindent 16 }}
+              {{- include "dapo.rayContainerCommon" (dict "root" $root "gpuCheck" false) | nindent 14 }}
+            {{- with $v.head.sidecarContainers }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
           volumes:
-            {{- include "dapo.volumes" (dict "root" $root "shm" $v.head.shmSize "presets" .presets) | nindent 12 }}
+            {{- include "dapo.volumes" (dict "root" $root "shm" $v.head.shmSize "presets" .presets "extra" $v.head.extraVolumes) | nindent 12 }}
     {{- if gt (int .nodes) 0 }}
     workerGroupSpecs:
       - groupName: {{ $v.worker.groupName }}
@@ -496,13 +688,16 @@ spec:
               {{- with $v.worker.labels }}
               {{- toYaml . | nindent 14 }}
               {{- end }}
-            {{- with $v.worker.annotations }}
+            {{- with (include "dapo.podAnnotations" (dict "root" $root "own" $v.worker.annotations)) }}
             annotations:
-              {{- toYaml . | nindent 14 }}
+              {{- . | nindent 14 }}
             {{- end }}
           spec:
             {{- with (include "dapo.podCommon" $root | trim) }}
             {{- . | nindent 12 }}
+            {{- end }}
+            {{- with $v.worker.runtimeClassName }}
+            runtimeClassName: {{ . }}
             {{- end }}
             {{- with $v.worker.nodeSelector }}
             nodeSelector:
@@ -526,7 +721,7 @@ spec:
                 image: {{ .image }}
                 imagePullPolicy: {{ $v.image.pullPolicy }}
                 env:
-                  {{- include "dapo.env" (dict "root" $root "head" false) | nindent 18 }}
+                  {{- include "dapo.env" (dict "root" $root "head" false "kind" .kind) | nindent 18 }}
                 {{- $res := deepCopy $v.worker.resources -}}
                 {{- range $section := list "requests" "limits" -}}
                 {{- $r := index $res $section | default dict -}}
@@ -539,9 +734,75 @@ spec:
                 resources:
                   {{- toYaml $res | nindent 18 }}
                 volumeMounts:
-                  {{- include "dapo.volumeMounts" (dict "root" $root "presets" .presets) | nindent 18 }}
-                {{- include "dapo.rayContainerCommon" $root | nindent 16 }}
+                  {{- include "dapo.volumeMounts" (dict "root" $root "presets" .presets "extra" $v.worker.extraVolumeMounts) | nindent 18 }}
+                {{- include "dapo.rayContainerCommon" (dict "root" $root "gpuCheck" (gt (int .gpus) 0)) | nindent 16 }}
+              {{- with $v.worker.sidecarContainers }}
+              {{- toYaml . | nindent 14 }}
+              {{- end }}
             volumes:
-              {{- include "dapo.volumes" (dict "root" $root "shm" $v.worker.shmSize "presets" .presets) | nindent 14 }}
+              {{- include "dapo.volumes" (dict "root" $root "shm" $v.worker.shmSize "presets" .presets "extra" $v.worker.extraVolumes) | nindent 14 }}
     {{- end }}
+{{- end -}}
+
+{{/*
+The RayJob with the annotation dapo-k8s.github.io/spec-sha256: the SHA-256 of the JSON of its spec (Go's toJson:
+keys sorted, no spaces) and, for training, of the preset files it reads, so that an upgrade can tell whether it
+would change what the next retry runs. Same arguments as dapo.rayJob.
+*/}}
+{{- define "dapo.rayJobWithHash" -}}
+{{- $obj := include "dapo.rayJob" (merge (dict "specHash" "") .) | fromYaml -}}
+{{- $content := dict "spec" $obj.spec -}}
+{{- if .presets -}}
+{{- $files := dict -}}
+{{- range $f := include "dapo.presetFiles" .root | fromJsonArray -}}
+{{- $_ := set $files (printf "%s.yaml" $f) ($.root.Files.Get (printf "presets/%s.yaml" $f)) -}}
+{{- end -}}
+{{- $_ := set $content "presetFiles" $files -}}
+{{- end -}}
+{{- $hash := toJson $content | sha256sum -}}
+{{- include "dapo.upgradeGuard" (dict "root" .root "kind" .kind "name" .name "hash" $hash) -}}
+{{- include "dapo.rayJob" (merge (dict "specHash" $hash) .) -}}
+{{- end -}}
+
+{{/*
+helm upgrade of a live or finished run: KubeRay ignores a change to an existing RayJob's spec, but builds the next
+retry from it (another node count would load 128-rank FSDP shards on 64 ranks). `lookup` reads the RayJob in the
+cluster (nothing during `helm template` / install dry runs) and the upgrade is refused when its spec-sha256 differs.
+dapo.k8s.manifests.upgrade_refusal is the same rule for scripts/render.py --apply.
+*/}}
+{{- define "dapo.upgradeGuard" -}}
+{{- $live := lookup "ray.io/v1" "RayJob" .root.Release.Namespace .name -}}
+{{- if $live -}}
+{{- $old := index (($live.metadata | default dict).annotations | default dict) "dapo-k8s.github.io/spec-sha256" | default "" -}}
+{{- if ne $old .hash -}}
+{{- $status := (($live.status | default dict).jobDeploymentStatus | default "unknown") -}}
+{{- fail (printf "%s: the RayJob %s already exists in namespace %s (deployment status %s) and this release would change its spec; KubeRay ignores the change now but builds the next retry from it. Delete the RayJob first (kubectl -n %s delete rayjob %s; a new attempt resumes from the latest checkpoint) or install the change as a new release with its own recipe.trainer.experiment_name" .kind .name .root.Release.Namespace $status .root.Release.Namespace .name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Pod settings of the helm test pods: never restarted, the Ray pods' account, pull secrets and pod securityContext.
+*/}}
+{{- define "dapo.testPodCommon" -}}
+restartPolicy: Never
+{{- with .Values.serviceAccountName }}
+serviceAccountName: {{ . }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The shell script of the shared-volume test pod (dapo.k8s.manifests.SHARED_TEST_SCRIPT is the same text).
+*/}}
+{{- define "dapo.sharedTestScript" -}}
+{{- $mount := trimSuffix "/" .Values.storage.mountPath -}}
+{{- printf "set -u; f=%s/.dapo-helm-test-$(hostname); want=\"written by uid $(id -u) gid $(id -g)\"; if ! echo \"$want\" > \"$f\"; then echo \"cannot write %s as uid $(id -u) gid $(id -g): set podSecurityContext.fsGroup or storage.fixOwnership.enabled (docs/deploy.md)\" >&2; exit 1; fi; if [ \"$(cat \"$f\")\" != \"$want\" ]; then echo \"%s: read back differs from what was written\" >&2; exit 1; fi; rm -f \"$f\"; for d in %s %s; do if [ -e \"$d\" ] && [ ! -w \"$d\" ]; then echo \"$d is not writable by uid $(id -u)\" >&2; exit 1; fi; done; echo \"%s: write and read back OK as uid $(id -u)\"" $mount $mount $mount .Values.dataPrep.outDir .Values.storage.hfHome $mount -}}
 {{- end -}}

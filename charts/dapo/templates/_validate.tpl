@@ -149,6 +149,27 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- end -}}
 {{- end -}}
 
+{{- if and (include "dapo.hubOffline" .) (hasKey $v.env "HF_HUB_OFFLINE") -}}
+{{- fail "env.HF_HUB_OFFLINE: set by the chart when dataPrep.fetchModel downloads the model; remove it here" -}}
+{{- end -}}
+
+{{- /* A Guaranteed head pod (evicted last): requests equal limits for cpu and memory in every container. */ -}}
+{{- $guaranteed := list (list "head.resources" $v.head.resources) -}}
+{{- if $v.dataPrep.enabled -}}{{- $guaranteed = append $guaranteed (list "dataPrep.resources" $v.dataPrep.resources) -}}{{- end -}}
+{{- range $i, $c := $v.head.sidecarContainers -}}
+{{- $guaranteed = append $guaranteed (list (printf "head.sidecarContainers[%d].resources" $i) ($c.resources | default dict)) -}}
+{{- end -}}
+{{- range $pair := $guaranteed -}}
+{{- $r := last $pair -}}
+{{- range $res := list "cpu" "memory" -}}
+{{- $req := index ($r.requests | default dict) $res -}}
+{{- $lim := index ($r.limits | default dict) $res -}}
+{{- if or (kindIs "invalid" $req) (kindIs "invalid" $lim) (ne (toString $req) (toString $lim)) -}}
+{{- fail (printf "%s: requests.%s and limits.%s must both be set and equal (got %v and %v): every container of the Ray head must keep the pod in the Guaranteed QoS class, the last to be evicted" (first $pair) $res $res (toString ($req | default "unset")) (toString ($lim | default "unset"))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- if and $v.hostNetwork (not $v.worker.onePerHost) -}}
 {{- fail "worker.onePerHost: must be true with hostNetwork (two Ray workers on one host would collide on ports)" -}}
 {{- end -}}
@@ -164,12 +185,17 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- if lt (int $pl.evalGpus) 1 -}}
 {{- fail (printf "eval.gpusPerNode: the evaluation serves the model on GPUs; must be >= 1, got %d" (int $pl.evalGpus)) -}}
 {{- end -}}
-{{- $p := include "dapo.preset" . | fromJson -}}
+{{- $p := include "dapo.effectivePreset" . | fromJson -}}
 {{- if and (not $v.eval.testFile) (not (($p.recipe | default dict).data | default dict).val_files) -}}
 {{- fail (printf "eval.testFile: the preset %q has no recipe.data.val_files; set eval.testFile" $v.preset) -}}
 {{- end -}}
 {{- if and (not $v.eval.checkpointDir) (not (($p.recipe | default dict).trainer | default dict).default_local_dir) -}}
 {{- fail (printf "eval.checkpointDir: the preset %q has no recipe.trainer.default_local_dir; set eval.checkpointDir" $v.preset) -}}
 {{- end -}}
+{{- end -}}
+
+{{- /* A GPU run needs a ReadWriteMany class by name: the default class of EKS and GKE is ReadWriteOnce. */ -}}
+{{- if and (not $v.storage.existingClaim) (not $v.storage.storageClassName) (or (and $v.train.enabled (ne $pl.backend "local")) $v.eval.enabled) -}}
+{{- fail (printf "storage.storageClassName: preset %q runs on GPU nodes and needs a ReadWriteMany StorageClass by name, or storage.existingClaim; the cluster default class (\"\") is ReadWriteOnce on EKS and GKE and the claim would stay Pending (kubectl get storageclass lists the classes)" $v.preset) -}}
 {{- end -}}
 {{- end -}}
