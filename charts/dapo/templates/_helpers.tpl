@@ -348,7 +348,8 @@ The data preparation init container of the Ray head.
 
 {{/*
 A RayJob. Usage: include "dapo.rayJob" (dict "root" $ "kind" "train"|"eval" "name" $name "job" .Values.train
-  "entrypoint" $cmd "runtimeEnv" $envMap "image" $image "nodes" $n "gpus" $g "presets" true|false)
+  "entrypoint" $cmd "runtimeEnv" $envMap "image" $image "nodes" $n "gpus" $g "presets" true|false
+  "rayVersion" $version)   (rayVersion optional: default .Values.rayVersion)
 */}}
 {{- define "dapo.rayJob" -}}
 {{- $root := .root -}}
@@ -416,7 +417,7 @@ spec:
             {{- toYaml $job.submitter.resources | nindent 12 }}
   {{- end }}
   rayClusterSpec:
-    rayVersion: {{ $v.rayVersion | quote }}
+    rayVersion: {{ .rayVersion | default $v.rayVersion | quote }}
     enableInTreeAutoscaling: false
     headGroupSpec:
       rayStartParams:
