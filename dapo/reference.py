@@ -149,7 +149,9 @@ def translate(preset: Preset) -> Translation:
     out = Translation(preset.name)
 
     def put(key: str, value: Any, source: str, append: bool = False) -> None:
-        out.args.append(Arg(key, value, source, append))
+        arg = Arg(key, value, source, append)
+        arg.text()  # refuses a value that cannot be passed, naming the preset key
+        out.args.append(arg)
         out.handled.add(source)
 
     def put_if_not_default(key: str, value: Any, source: str) -> None:
