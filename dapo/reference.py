@@ -268,7 +268,8 @@ def translate(preset: Preset) -> Translation:
     ob = r.reward.overlong_buffer
     put("reward_model.overlong_buffer.enable", ob.enable, "recipe.reward.overlong_buffer.enable")
     put("reward_model.overlong_buffer.len", ob.len, "recipe.reward.overlong_buffer.len")
-    put("reward_model.overlong_buffer.penalty_factor", ob.penalty_factor, "recipe.reward.overlong_buffer.penalty_factor")
+    put("reward_model.overlong_buffer.penalty_factor", ob.penalty_factor,
+        "recipe.reward.overlong_buffer.penalty_factor")
     put("trainer.logger", list(t.logger), "recipe.trainer.logger")
     put("trainer.project_name", t.project_name, "recipe.trainer.project_name")
     put("trainer.experiment_name", t.experiment_name, "recipe.trainer.experiment_name")

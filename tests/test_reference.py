@@ -20,7 +20,17 @@ from conftest import ROOT
 from dapo import reference
 from dapo.config import list_presets, load_preset
 from dapo.k8s import ValuesError, versions
-from k8s_support import CHART_DIR, VALUES_DIR, by_key, chart, helm, helm_objects, python_objects, render_script, user_values
+from k8s_support import (
+    CHART_DIR,
+    VALUES_DIR,
+    by_key,
+    chart,
+    helm,
+    helm_objects,
+    python_objects,
+    render_script,
+    user_values,
+)
 
 OverridesParser = pytest.importorskip("hydra.core.override_parser.overrides_parser").OverridesParser
 
