@@ -265,3 +265,43 @@ def test_render_py_renders_the_reference_sets():
     for name in ("reference-full", "reference-early"):
         files, release = render_script().RENDER_SETS[name]
         assert files[-1] == "reference.yaml" and release == "dapo-ref"
+
+
+OFF_DEFAULTS = [
+    "recipe.trainer.max_ckpt_to_keep=2", "recipe.trainer.total_training_steps=40", "recipe.data.shuffle=false",
+    "recipe.trainer.seed=7", "recipe.actor.optim.betas=[0.9,0.95]", "recipe.model.override_config={rope_theta: 1}",
+    "placement.parallel.use_dynamic_bsz=false", "placement.parallel.ppo_micro_batch_size_per_gpu=2",
+    "recipe.model.trust_remote_code=true", "recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=512",
+    "recipe.actor.ppo_epochs=2",
+]
+
+
+@pytest.mark.parametrize("name, overrides", [(n, []) for n in list_presets() if n != "tiny"] + [("full", OFF_DEFAULTS)],
+                         ids=[n for n in list_presets() if n != "tiny"] + ["full-off-defaults"])
+def test_arguments_compose_against_the_reference_commits_own_config(name, overrides):
+    """Hydra composes the reference's dapo_trainer.yaml (struct mode: an unknown key, or '+' on an existing one, is
+    an error) with the generated arguments, and the composed config holds the preset's values."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    preset = load_preset(name, overrides)
+    args = reference.translate(preset).texts()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(ROOT / "tests" / "fixtures" / "verl_4f80e46"), version_base=None):
+        cfg = compose("dapo_trainer", overrides=args)
+    GlobalHydra.instance().clear()
+    r, par = preset.recipe, preset.placement.parallel
+    assert cfg.actor_rollout_ref.actor.grad_clip == r.actor.optim.clip_grad
+    assert cfg.actor_rollout_ref.actor.loss_agg_mode == r.actor.loss_agg_mode
+    assert dict(cfg.reward_model.overlong_buffer) == {**vars(r.reward.overlong_buffer), "log": False}
+    assert cfg.reward_model.reward_manager == "dapo" and cfg.algorithm.filter_groups.enable == r.filter_groups.enable
+    assert cfg.data.get("seed", 1) == r.trainer.seed and cfg.data.shuffle == r.data.shuffle
+    assert cfg.actor_rollout_ref.actor.ppo_epochs == r.actor.ppo_epochs
+    assert list(cfg.actor_rollout_ref.actor.optim.get("betas", [0.9, 0.999])) == r.actor.optim.betas
+    assert cfg.actor_rollout_ref.model.get("trust_remote_code", False) == r.model.trust_remote_code
+    assert dict(cfg.actor_rollout_ref.model.override_config) == r.model.override_config
+    assert cfg.trainer.total_training_steps == r.trainer.total_training_steps
+    assert cfg.trainer.max_actor_ckpt_to_keep == r.trainer.max_ckpt_to_keep
+    assert cfg.actor_rollout_ref.actor.use_dynamic_bsz == par.use_dynamic_bsz
+    if not par.use_dynamic_bsz:
+        assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == par.ppo_micro_batch_size_per_gpu
