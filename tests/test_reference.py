@@ -112,6 +112,12 @@ def test_reference_entrypoint_passes_the_reference_scripts_arguments_key_by_key(
     pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
     pods.append(job["spec"]["submitterPodTemplate"]["spec"])
     assert {c["image"] for p in pods for c in p["containers"] + p.get("initContainers", [])} == {image}
+    # the cluster operations of the preset's values apply unchanged: retries, deadline, the shared volume
+    train_values = yaml.safe_load((VALUES_DIR / f"{preset}.yaml").read_text())["train"]
+    assert job["spec"]["backoffLimit"] == train_values["backoffLimit"]
+    assert job["spec"]["activeDeadlineSeconds"] == train_values["activeDeadlineSeconds"]
+    for p in pods[:2]:
+        assert {"name": "shared", "persistentVolumeClaim": {"claimName": "dapo-ref-shared"}} in p["volumes"]
 
 
 def test_reference_defaults_agree_with_the_fidelity_transcription():
@@ -258,6 +264,18 @@ def test_attempt_log_tees_each_attempt_to_its_own_file_and_returns_the_status(tm
     missing = subprocess.run([sys.executable, "-m", "dapo.attempt_log", "--log-dir", str(logs), "--",
                               str(tmp_path / "nope")], capture_output=True, text=True, env=env)
     assert missing.returncode == 127 and "cannot start" in (logs / "attempt-3.log").read_text()
+
+
+def test_packaged_chart_carries_the_generated_files_and_renders_the_same(tmp_path):
+    import tarfile
+
+    archive = helm().package(str(CHART_DIR), destination=str(tmp_path))
+    with tarfile.open(archive) as tar:
+        packaged = sorted(m.name for m in tar.getmembers() if "/reference/" in m.name)
+    assert packaged == sorted(f"dapo/reference/{p.name}" for p in (CHART_DIR / "reference").glob("*.yaml"))
+    values = user_values([VALUES_DIR / "full.yaml"] + REFERENCE_VALUES)
+    assert helm().Chart.load(archive).render(values, name="dapo-ref", namespace="ml") == chart().render(
+        values, name="dapo-ref", namespace="ml")
 
 
 def test_render_py_renders_the_reference_sets():
