@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -115,30 +116,18 @@ def format_value(value: Any, source: str = "") -> str:
     raise ReferenceError(f"{source or 'value'}: cannot express {value!r} ({type(value).__name__}) as a Hydra value")
 
 
-def leaf_keys(obj: Any = None, prefix: str = "", cls: type = Preset) -> list[str]:
-    """Every leaf key of a preset (dicts and lists are leaves; metadata fields excluded)."""
+def leaf_keys(cls: type = Preset, prefix: str = "") -> list[str]:
+    """Every leaf key of a preset (mappings, lists and the optional ``local`` section are leaves; the metadata
+    fields ``name``, ``description``, ``target_aime`` are not keys of a run)."""
+    hints = typing.get_type_hints(cls)
     out: list[str] = []
     for f in dataclasses.fields(cls):
-        path = f"{prefix}{f.name}"
         if not prefix and f.name in ("name", "description", "target_aime"):
             continue
-        hint = cls.__dataclass_fields__[f.name].type
-        sub = _dataclass_of(hint)
-        if sub is not None and f.name != "local":
-            out += leaf_keys(None, path + ".", sub)
-        else:
-            out.append(path)
+        path = f"{prefix}{f.name}"
+        sub = hints[f.name]
+        out += leaf_keys(sub, path + ".") if dataclasses.is_dataclass(sub) else [path]
     return out
-
-
-def _dataclass_of(hint: Any) -> Optional[type]:
-    import typing
-
-    from dapo import config as cfgmod
-
-    if isinstance(hint, str):
-        hint = eval(hint, vars(cfgmod), dict(vars(typing)))  # annotations are strings (from __future__)
-    return hint if dataclasses.is_dataclass(hint) else None
 
 
 def translate(preset: Preset) -> Translation:
