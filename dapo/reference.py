@@ -394,5 +394,38 @@ def entrypoint(args: list[str]) -> str:
                     + args)
 
 
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m dapo.reference --preset full [overrides]``: the reference command of a preset, to run by hand
+    (e.g. ``ray job submit --runtime-env-json ... -- <command>`` from /opt/verl of the reproduction image)."""
+    import argparse
+    import json
+    import sys
+
+    from dapo.config import load_preset
+
+    ap = argparse.ArgumentParser(prog="python -m dapo.reference", description=main.__doc__.splitlines()[0])
+    ap.add_argument("--preset", required=True, help="preset name or YAML path")
+    ap.add_argument("overrides", nargs="*", help="preset overrides (recipe.*, placement.*), e.g. placement.nodes=4")
+    ap.add_argument("--notes", action="store_true", help="also list the preset keys that are not passed, and why")
+    args = ap.parse_args(argv)
+    try:
+        preset = load_preset(args.preset, args.overrides)
+        t = translate(preset)
+    except ConfigError as exc:
+        print(f"dapo.reference: {exc}", file=sys.stderr)
+        return 2
+    print(f"# verl {REFERENCE_COMMIT}, preset {preset.name}; runtime env: "
+          + json.dumps({"env_vars": runtime_env(preset)}))
+    print(" \\\n    ".join(["python3 -m " + MODULE] + t.texts()))
+    if args.notes:
+        for key, value, why in t.not_passed:
+            print(f"# not passed: {key}={value!r}: {why}")
+    return 0
+
+
 __all__ = ["MODULE", "REFERENCE_COMMIT", "Arg", "ReferenceError", "Translation", "apply_overrides", "check_override",
-           "entrypoint", "format_value", "leaf_keys", "log_dir", "runtime_env", "translate"]
+           "entrypoint", "format_value", "leaf_keys", "log_dir", "main", "runtime_env", "translate"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

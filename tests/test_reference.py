@@ -323,3 +323,14 @@ def test_arguments_compose_against_the_reference_commits_own_config(name, overri
     assert cfg.actor_rollout_ref.actor.use_dynamic_bsz == par.use_dynamic_bsz
     if not par.use_dynamic_bsz:
         assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == par.ppo_micro_batch_size_per_gpu
+
+
+def test_python_m_dapo_reference_prints_the_command_for_running_by_hand(capsys):
+    assert reference.main(["--preset", "early", "placement.nodes=4", "--notes"]) == 0
+    out = capsys.readouterr().out
+    lines = [line.strip().rstrip("\\").strip() for line in out.splitlines() if not line.startswith("#")]
+    assert lines[0] == "python3 -m recipe.dapo.src.main_dapo"
+    assert lines[1:] == reference.translate(load_preset("early", ["placement.nodes=4"])).texts()
+    assert "trainer.nnodes=4" in lines and "# not passed: recipe.actor.token_mean_scope='minibatch'" in out
+    assert reference.main(["--preset", "tiny"]) == 2
+    assert "placement.backend:" in capsys.readouterr().err
