@@ -126,14 +126,28 @@ def default_target(ckpt_dir: Path, step: int) -> Path:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _mesh_ranks(mesh: Any, key: str):
+    """The rank layout of a DTensor's device mesh. A mesh pickled by an older torch -- 2.6, the stack of verl 4f80e46
+    that writes the reference runs' checkpoints -- holds it as the plain attribute ``mesh``; newer torch computes
+    ``DeviceMesh.mesh`` from layout state such a pickle lacks (``AttributeError: ... '_layout'``)."""
+    try:
+        return mesh.mesh
+    except AttributeError:
+        ranks = vars(mesh).get("mesh")
+        if ranks is None:
+            raise ExportError(f"{key}: the DTensor's device mesh holds no rank layout (torch {type(mesh)})") from None
+        return ranks
+
+
 def _merge_dtensor(pieces: list, key: str):
     """Rebuild the global tensor of one DTensor entry from every rank's piece (``pieces[r]`` from rank ``r``)."""
     import torch
 
     ref = pieces[0]
-    mesh = ref.device_mesh.mesh  # tensor of global ranks, one axis per mesh dim
+    mesh = _mesh_ranks(ref.device_mesh, key)  # tensor of global ranks, one axis per mesh dim
     placements = tuple(ref.placements)
-    locals_by_rank = {r: p.to_local() if hasattr(p, "to_local") else p._local_tensor for r, p in enumerate(pieces)}
+    # the local piece is the DTensor's `_local_tensor` slot in every torch release; to_local() may need mesh state
+    locals_by_rank = {r: p._local_tensor if hasattr(p, "_local_tensor") else p.to_local() for r, p in enumerate(pieces)}
 
     def build(sub, dim: int):
         if dim == len(placements):

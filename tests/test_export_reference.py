@@ -141,3 +141,42 @@ def test_reference_layout_with_shards_of_two_world_sizes_is_refused(reference_ck
     with pytest.raises(ExportError, match=r"several world sizes \[2, 4\]"):
         export_checkpoint(broken, 5, tmp_path / "hf", log=lambda *_: None)
     assert not (tmp_path / "hf").exists()
+
+
+def test_shards_whose_device_mesh_was_pickled_by_torch_2_6_export_the_same(reference_ckpt, tmp_path):
+    """The reference runs' checkpoints are written by the reproduction stack's torch 2.6 and exported on the
+    evaluation image's newer torch. torch 2.6's DeviceMesh keeps its ranks as plain attributes (its ``__init__``:
+    ``device_type``, ``mesh``, ``mesh_dim_names``, ``_flatten_mesh_list``, ``_parent_mesh``, ``_thread_id``, then the
+    process-group bookkeeping), which newer torch unpickles but hides behind a ``mesh`` property that needs state
+    the old pickle lacks. The shards are rewritten here with meshes of that older shape."""
+    import copy
+    import shutil
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    old_ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference_ckpt, old_ckpt)
+    actor = old_ckpt / "global_step_5" / "actor"
+    for r in (0, 1):
+        path = actor / f"model_world_size_2_rank_{r}.pt"
+        shard = torch.load(path, weights_only=False)
+        old = DeviceMesh.__new__(DeviceMesh)
+        old.__dict__.update({
+            "device_type": "cuda", "mesh": torch.tensor([0, 1], dtype=torch.int), "mesh_dim_names": ("fsdp",),
+            "_flatten_mesh_list": (0, 1), "_parent_mesh": None, "_thread_id": None, "_coordinate_on_dim": [r],
+            "_dim_group_infos": [("ptd:1", [0, 1], "1")],
+        })  # fmt: skip
+        for dt in shard.values():
+            spec = copy.copy(dt._spec)
+            object.__setattr__(spec, "mesh", old)
+            dt._spec = spec
+        torch.save(shard, path)
+    reloaded = torch.load(actor / "model_world_size_2_rank_0.pt", weights_only=False)
+    with pytest.raises(AttributeError):
+        next(iter(reloaded.values())).device_mesh.mesh  # what the newer torch makes of the old mesh
+    res = export_checkpoint(old_ckpt, "latest", tmp_path / "hf", dtype="float32", log=lambda *_: None)
+    original = torch.load(reference_ckpt.parent / "original.pt")
+    from safetensors.torch import load_file
+
+    merged = load_file(str(res.path / "model.safetensors"))
+    assert set(merged) == set(original) and all(torch.equal(merged[k], v) for k, v in original.items())
