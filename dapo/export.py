@@ -12,6 +12,12 @@ Layouts understood (``CKPT`` = the run's ``trainer.default_local_dir``):
   files of at most ``max_shard_bytes`` with a ``model.safetensors.index.json``. Shards are memory-mapped and merged
   one entry at a time: peak memory is one output file (5 GB) plus one full-precision tensor, not the model. The merged weights equal those of
   ``python -m verl.model_merger merge --backend fsdp`` (tested against it).
+- **verl at the reference commit 4f80e46** (the upstream DAPO recipe, ``train.runner: reference``): the same
+  ``global_step_N/actor/model_world_size_W_rank_R.pt`` files (FSDP1 ``SHARDED_STATE_DICT`` with a 1-D ``fsdp``
+  device mesh: DTensors, ``Shard(0)``), plus ``optim_*``/``extra_state_*`` files, ``huggingface/`` with config and
+  tokenizer only (4f80e46's ``hf_model`` saves no weights) and ``global_step_N/data.pt``, but no
+  ``fsdp_config.json``: the world size is read from the shard names, as that commit's ``scripts/model_merger.py``
+  does (it lists ``model_world_size_<W>_rank_0.pt``).
 - **verl with ``hf_model`` in ``checkpoint.save_contents``**: ``actor/huggingface/`` already holds full weights;
   it is served as is.
 - **the local backend** (``dapo train`` with ``placement.backend: local``): ``RUN/checkpoints/global_step_N/actor/``
@@ -40,6 +46,7 @@ from typing import Any, Optional, Union
 TRACKER = "latest_checkpointed_iteration.txt"
 MARKER = ".dapo-export.json"
 STEP_RE = re.compile(r"^global_step_(\d+)$")
+SHARD0_RE = re.compile(r"^model_world_size_(\d+)_rank_0\.pt$")
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
 DTYPES = ("bfloat16", "float16", "float32")
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
@@ -119,14 +126,28 @@ def default_target(ckpt_dir: Path, step: int) -> Path:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _mesh_ranks(mesh: Any, key: str):
+    """The rank layout of a DTensor's device mesh. A mesh pickled by an older torch -- 2.6, the stack of verl 4f80e46
+    that writes the reference runs' checkpoints -- holds it as the plain attribute ``mesh``; newer torch computes
+    ``DeviceMesh.mesh`` from layout state such a pickle lacks (``AttributeError: ... '_layout'``)."""
+    try:
+        return mesh.mesh
+    except AttributeError:
+        ranks = vars(mesh).get("mesh")
+        if ranks is None:
+            raise ExportError(f"{key}: the DTensor's device mesh holds no rank layout (torch {type(mesh)})") from None
+        return ranks
+
+
 def _merge_dtensor(pieces: list, key: str):
     """Rebuild the global tensor of one DTensor entry from every rank's piece (``pieces[r]`` from rank ``r``)."""
     import torch
 
     ref = pieces[0]
-    mesh = ref.device_mesh.mesh  # tensor of global ranks, one axis per mesh dim
+    mesh = _mesh_ranks(ref.device_mesh, key)  # tensor of global ranks, one axis per mesh dim
     placements = tuple(ref.placements)
-    locals_by_rank = {r: p.to_local() if hasattr(p, "to_local") else p._local_tensor for r, p in enumerate(pieces)}
+    # the local piece is the DTensor's `_local_tensor` slot in every torch release; to_local() may need mesh state
+    locals_by_rank = {r: p._local_tensor if hasattr(p, "_local_tensor") else p.to_local() for r, p in enumerate(pieces)}
 
     def build(sub, dim: int):
         if dim == len(placements):
@@ -158,7 +179,17 @@ def load_fsdp_shards(actor: Path) -> tuple[list[dict], list[str], dict]:
         fsdp_cfg = json.loads(cfg_path.read_text())
         world_size = int(fsdp_cfg["world_size"])
     except FileNotFoundError:
-        raise ExportError(f"{cfg_path} does not exist: {actor} is not a verl FSDP checkpoint") from None
+        # verl 4f80e46 (the reference runs) writes no fsdp_config.json: the world size is in the shard names
+        sizes = sorted({int(m.group(1)) for p in actor.glob("model_world_size_*_rank_0.pt")
+                        if (m := SHARD0_RE.match(p.name))})
+        if len(sizes) != 1:
+            raise ExportError(
+                f"{cfg_path} does not exist and {actor} holds "
+                + (f"rank-0 shards of several world sizes {sizes}" if sizes else "no model_world_size_W_rank_0.pt")
+                + ": not a verl FSDP checkpoint of one run"
+            ) from None
+        world_size = sizes[0]
+        fsdp_cfg = {"world_size": world_size}
     except (ValueError, KeyError, TypeError) as exc:
         raise ExportError(f"{cfg_path}: no usable world_size ({exc})") from None
     files = [actor / f"model_world_size_{world_size}_rank_{r}.pt" for r in range(world_size)]
@@ -351,9 +382,10 @@ def export_checkpoint(
     if is_hf_dir(hf):
         log(f"[export] {hf} already holds full HF weights (hf_model in save_contents): serving it as is")
         return ExportResult(hf, n, "as-is", actor)
-    if not (actor / "fsdp_config.json").is_file():
+    if not (actor / "fsdp_config.json").is_file() and not any(actor.glob("model_world_size_*_rank_0.pt")):
         raise ExportError(
-            f"{step_dir} is neither a verl FSDP checkpoint (no actor/fsdp_config.json) nor an HF model directory "
+            f"{step_dir} is neither a verl FSDP checkpoint (no actor/fsdp_config.json or "
+            "actor/model_world_size_W_rank_0.pt) nor an HF model directory "
             f"(config.json + weights); contents: {sorted(p.name for p in step_dir.iterdir())[:10]}"
         )
     out = Path(target) if target else default_target(ckpt, n)

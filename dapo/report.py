@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dapo.metrics import read_jsonl, val_accuracy
+from dapo.verl_log import attempt_logs, read_console_logs
 
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("mean response length (tokens)", [("response_length/mean", "training batch")]),
@@ -110,11 +111,22 @@ def text_summary(records: list[dict[str, Any]]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="dapo report", description=__doc__.split("\n\n")[0])
-    p.add_argument("run", help="run directory (holds metrics.jsonl), e.g. runs/tiny")
+    p.add_argument("run", help="run directory (holds metrics.jsonl), e.g. runs/tiny; or a verl console log "
+                   "(the reference runner's <ckpt>/logs/attempt-N.log) or the directory of those logs")
     p.add_argument("--out", default=None, help="PNG path (default RUN/health.png)")
     p.add_argument("--json", action="store_true", help="print the last record as JSON too")
     args = p.parse_args(argv)
     run = Path(args.run)
+    logs = attempt_logs(run) if not (run / "metrics.jsonl").exists() else []
+    if logs:  # verl's console lines (the reference runner): the same panels
+        records = read_console_logs(logs)
+        if not records:
+            print(f"dapo report: no verl console metric lines (step:N - key:value) in {run}", file=sys.stderr)
+            return 1
+        out = Path(args.out) if args.out else (run if run.is_dir() else run.parent) / "health.png"
+        print(text_summary(records))
+        print(f"plots: {plot_records(records, out, title=f'DAPO health: {run.name}')}")
+        return 0
     try:
         png = plot_run(run, args.out)
     except FileNotFoundError as exc:

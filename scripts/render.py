@@ -44,6 +44,9 @@ RENDER_SETS: dict[str, tuple[tuple[str, ...], str]] = {
     "smoke": (("smoke.yaml",), "dapo-smoke"),
     "tiny": (("tiny.yaml",), "dapo-tiny"),
     "eval": (("full.yaml", "eval.yaml"), "dapo-aime"),
+    # the upstream DAPO recipe (verl 4f80e46) beside ours: train.runner reference
+    "reference-full": (("full.yaml", "reference.yaml"), "dapo-ref"),
+    "reference-early": (("early.yaml", "reference.yaml"), "dapo-ref"),
 }
 
 

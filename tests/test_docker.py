@@ -335,8 +335,11 @@ def test_chart_ray_version_equals_the_images_ray_pin():
     found = list(_find(values, "rayVersion"))
     assert found, f"{VALUES.relative_to(ROOT)}: no rayVersion key"
     ray = read_constraints(DOCKER / "constraints.txt")["ray"].version
+    repro_ray = read_constraints(DOCKER / "constraints-repro.txt")["ray"].version
     for path, value in found:
-        assert str(value) == ray, f"values.yaml {'.'.join(map(str, path))}={value!r}, images run ray=={ray}"
+        # train.reference: the reproduction image of the reference runner
+        want = repro_ray if path[:2] == ("train", "reference") else ray
+        assert str(value) == want, f"values.yaml {'.'.join(map(str, path))}={value!r}, its image runs ray=={want}"
 
 
 def test_chart_default_image_is_the_training_image_tag():
@@ -345,7 +348,8 @@ def test_chart_default_image_is_the_training_image_tag():
     train = [(p, t) for p, r, t in images if r == repo]
     assert train, f"{VALUES.relative_to(ROOT)}: no image with repository {repo} (found {[(r, t) for _, r, t in images]})"
     for path, t in train:
-        assert t == tag, f"values.yaml {'.'.join(map(str, path))}.tag={t!r}, `make image` builds {repo}:{tag}"
+        want = repro_image_tag() if path[:2] == ("train", "reference") else tag  # the reference runner's image
+        assert t == want, f"values.yaml {'.'.join(map(str, path))}.tag={t!r}, `make image` builds {repo}:{want}"
     for path, r, t in images:
         if r == makefile_var("EVAL_IMAGE"):
             assert t == makefile_var("EVAL_IMAGE_TAG"), f"values.yaml {'.'.join(map(str, path))}.tag={t!r}"

@@ -8,7 +8,9 @@ Objects (K = fullname):
 - ConfigMap ``K-preset``: the preset file and the files it ``extends:``, verbatim.
 - PersistentVolumeClaim ``K-shared`` (unless ``storage.existingClaim``): ReadWriteMany, kept on uninstall.
 - RayJob ``K-train``: ``python -m dapo.train --preset <presetDir>/<preset>.yaml placement.nodes=N
-  placement.gpus_per_node=G [overrides]`` on a CPU head + one GPU worker group (replicas = min = max = N).
+  placement.gpus_per_node=G [overrides]`` on a CPU head + one GPU worker group (replicas = min = max = N). With
+  ``train.runner: reference``: the upstream DAPO recipe of verl 4f80e46 (:mod:`dapo.reference`) on the reproduction
+  image, ``python3 -m dapo.attempt_log --log-dir <ckpt>/logs -- python3 -m recipe.dapo.src.main_dapo <args>``.
 - RayJob ``K-eval`` (``eval.enabled``): ``dapo eval run --checkpoint-dir ... --step ... --test-file ... --output ...``.
 - PodDisruptionBudget ``K-train`` (``disruption.podDisruptionBudget``): maxUnavailable 0 over the training pods.
 - helm test pods (:meth:`Chart.test_pods`, not in :meth:`Chart.objects`): ``K-test-shared``, ``K-test-gpu``.
@@ -32,6 +34,7 @@ from dapo.k8s.presets import (
     merged_preset,
     model_repo,
     preset_files,
+    q,
     trainer_path,
 )
 from dapo.k8s.values import check, fullname, hub_offline, placement
@@ -266,27 +269,60 @@ class Chart:
             args += [f"placement.nodes={pl['nodes']}", f"placement.gpus_per_node={pl['gpus']}"]
         return " ".join(args + list(v["overrides"]))
 
+    def reference_args(self) -> list[str]:
+        """``train.runner: reference``: the preset as the reference recipe's arguments, the placement and the
+        overrides (Hydra overrides in 4f80e46's key names) replacing generated keys in place."""
+        from dapo.config import load_preset
+        from dapo.reference import ReferenceError, apply_overrides, check_override, translate
+
+        try:
+            args = translate(load_preset(self.v["preset"])).texts()
+        except ReferenceError as exc:
+            raise ValuesError(
+                f"train.runner: preset {q(self.v['preset'])} cannot run on the reference recipe: {exc}"
+            ) from None
+        for o in self.v["overrides"]:
+            try:
+                check_override(o)
+            except ReferenceError as exc:
+                raise ValuesError(str(exc)) from None
+        pl = self.placement
+        return apply_overrides(args, [f"trainer.nnodes={pl['nodes']}", f"trainer.n_gpus_per_node={pl['gpus']}"]
+                               + list(self.v["overrides"]))
+
     def train_runtime_env(self) -> dict[str, str]:
         """RAY_OVERRIDE_JOB_RUNTIME_ENV=1, the preset's placement.env, then train.runtimeEnv. The override flag lets
         the driver's own ray.init(runtime_env=...) (the verl backend sets the preset env and its loss module
         there) merge with this job-level env instead of failing on keys both set; the driver's values win."""
         env = dict(JOB_ENV)
         env.update({k: go_string(val) for k, val in ((self.preset.get("placement") or {}).get("env") or {}).items()})
+        if self.v["train"]["runner"] == "reference":
+            # recipe/dapo/runtime_env.yaml's working_dir: the recipe's source tree, in the image
+            env["PYTHONPATH"] = self.v["train"]["reference"]["sourceDir"]
         env.update(self.v["train"]["runtimeEnv"])
         return env
 
     def train_rayjob(self) -> dict[str, Any]:
         v, pl = self.v, self.placement
+        image, ray_version = f"{v['image']['repository']}:{v['image']['tag']}", v["rayVersion"]
+        entrypoint = None
+        if v["train"]["runner"] == "reference":
+            from dapo.reference import entrypoint as reference_entrypoint
+
+            ref = v["train"]["reference"]
+            image, ray_version = f"{ref['image']['repository']}:{ref['image']['tag']}", ref["rayVersion"]
+            entrypoint = reference_entrypoint(self.reference_args())
         return self.rayjob(
             kind="train",
             name=self.train_job_name,
             job=v["train"],
-            entrypoint=self.train_entrypoint(),
+            entrypoint=entrypoint or self.train_entrypoint(),
             runtime_env=self.train_runtime_env(),
-            image=f"{v['image']['repository']}:{v['image']['tag']}",
+            image=image,
             nodes=0 if pl["backend"] == "local" else pl["nodes"],
             gpus=pl["gpus"],
             presets=True,
+            ray_version=ray_version,
         )
 
     def eval_paths(self) -> dict[str, str]:
@@ -555,7 +591,7 @@ class Chart:
         }
 
     def rayjob(self, *, kind: str, name: str, job: dict[str, Any], entrypoint: str, runtime_env: dict[str, str],
-               image: str, nodes: int, gpus: int, presets: bool) -> dict[str, Any]:
+               image: str, nodes: int, gpus: int, presets: bool, ray_version: str | None = None) -> dict[str, Any]:
         v = self.v
         meta = self.metadata(name, kind)
         queue_label = {"kueue": "kueue.x-k8s.io/queue-name", "volcano": "volcano.sh/queue-name",
@@ -599,7 +635,7 @@ class Chart:
             spec["submitterPodTemplate"] = {"metadata": {"labels": self.selector_labels(f"{kind}-submitter")},
                                             "spec": pod_spec}
         cluster: dict[str, Any] = {
-            "rayVersion": v["rayVersion"],
+            "rayVersion": ray_version or v["rayVersion"],
             "enableInTreeAutoscaling": False,
             "headGroupSpec": self.head_group(kind=kind, image=image, presets=presets),
         }

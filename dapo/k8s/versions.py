@@ -14,6 +14,11 @@ RAY_VERSION = "2.60.0"
 IMAGE_REPOSITORY = "ghcr.io/dapo-k8s/dapo"
 IMAGE_TAG = "0.1.0-verl0.9.1"
 
+# The reproduction image of the reference runs (`make image IMAGE_STACK=repro`: verl 4f80e46, vLLM 0.8.3) and its Ray
+# (docker/constraints-repro.txt): what the training RayJob runs with train.runner reference.
+REPRO_IMAGE_TAG = "0.1.0-repro-verl4f80e46"
+REPRO_RAY_VERSION = "2.43.0"
+
 # The evaluation image (Ray Serve LLM + vLLM, docker/Dockerfile.eval): <dapo version>-ray<ray version>.
 EVAL_IMAGE_REPOSITORY = "ghcr.io/dapo-k8s/dapo-eval"
 EVAL_IMAGE_TAG = "0.1.0-ray2.60.0"

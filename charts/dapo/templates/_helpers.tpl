@@ -516,7 +516,7 @@ The data preparation init container of the Ray head.
 {{/*
 A RayJob. Usage: include "dapo.rayJob" (dict "root" $ "kind" "train"|"eval" "name" $name "job" .Values.train
   "entrypoint" $cmd "runtimeEnv" $envMap "image" $image "nodes" $n "gpus" $g "presets" true|false
-  "specHash" $sha256)
+  "specHash" $sha256 "rayVersion" $version)   (rayVersion optional: default .Values.rayVersion)
 specHash goes into the annotation dapo-k8s.github.io/spec-sha256 (see dapo.rayJobWithHash); "" leaves it out.
 */}}
 {{- define "dapo.rayJob" -}}
@@ -602,7 +602,7 @@ spec:
             {{- toYaml $job.submitter.resources | nindent 12 }}
   {{- end }}
   rayClusterSpec:
-    rayVersion: {{ $v.rayVersion | quote }}
+    rayVersion: {{ .rayVersion | default $v.rayVersion | quote }}
     enableInTreeAutoscaling: false
     headGroupSpec:
       rayStartParams:

@@ -1,0 +1,431 @@
+"""Preset -> the command line of the upstream DAPO recipe at verl commit 4f80e46 (the reference runs).
+
+The reference runs (AIME-2024 44 / 50) were ``python3 -m recipe.dapo.src.main_dapo KEY=VALUE ...`` at verl commit
+:data:`REFERENCE_COMMIT`, submitted with ``recipe/dapo/runtime_env.yaml``. :func:`translate` writes a preset
+(:mod:`dapo.config`, the one source of hyperparameters) as that command's Hydra arguments, in that commit's key
+names (the rename table of docs/fidelity.md read in reverse: ``actor.optim.clip_grad`` -> ``actor.grad_clip``,
+``reward.*`` -> ``reward_model.overlong_buffer.*``, ...) and in the order of ``recipe/dapo/run_dapo_qwen2.5_32b.sh``.
+
+Every leaf key of a preset is handled in exactly one way (tests enumerate them):
+
+- **passed**: written as an argument. Keys the reference scripts set are always written; keys they leave at the
+  commit's default (``recipe/dapo/src/config/dapo_trainer.yaml``, or the ``config.get(key, default)`` of the code
+  that reads them: :data:`REFERENCE_DEFAULTS`) are written only when the preset differs from that default, so the
+  ``full`` and ``early`` presets give exactly the scripts' keys.
+- **refused**: a value the reference code cannot express (``recipe.reward.overlong_filter: true``, a
+  ``loss_agg_mode`` 4f80e46 lacks, the local backend, ...) raises :class:`ReferenceError` naming the key. Nothing is
+  dropped silently.
+- **not passed, with the reason** (:attr:`Translation.not_passed`): keys that configure *our* stack rather than the
+  recipe -- how our loop implements the token-mean (the reference stack has its own: its per-micro-batch mean, see
+  docs/fidelity.md), our health warnings, settings the reference trainer does not read in this configuration
+  (``filter_groups.metric`` with filtering off, micro-batch sizes with dynamic batch sizes). The generated chart
+  file lists them.
+
+Values must survive the shells the entrypoint passes through (KubeRay's submitter, then Ray's job supervisor):
+letters, digits and ``_.,:/@%+=-`` (plus ``[ ]`` of lists). Anything else is refused naming the key.
+
+``trainer.nnodes`` / ``trainer.n_gpus_per_node`` come from the placement; :func:`apply_overrides` replaces them
+(and any user override of a generated key) in place, and appends overrides of other keys -- Helm does the same with
+the generated file (``charts/dapo/reference/<preset>.yaml``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from dapo.config import ConfigError, Preset
+
+REFERENCE_REPO = "volcengine/verl"
+REFERENCE_COMMIT = "4f80e465c2ec79ab9c3c30ec74b9745de61d0490"
+# `python3 -m` module of the recipe inside the verl source tree of the reproduction image.
+MODULE = "recipe.dapo.src.main_dapo"
+# recipe/dapo/src/dapo_ray_trainer.py at 4f80e46 runs these loss aggregations (core_algos.agg_loss).
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+# Characters a value may hold: they mean nothing to bash or sh, so the argument is the same after two shells.
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@%+=-]+$")
+# The first words of a preset key (`dapo train` syntax), which the reference recipe does not understand.
+PRESET_ROOTS = ("recipe", "placement", "local")
+
+# Defaults at 4f80e46 of the keys the reference scripts leave unset (dapo_trainer.yaml, or the `.get(key, default)`
+# of the code that reads them) -> (default, the key is in dapo_trainer.yaml; else Hydra needs `+key=`).
+REFERENCE_DEFAULTS: dict[str, tuple[Any, bool]] = {
+    "data.shuffle": (True, True),
+    # ray_trainer: train_dataloader_generator.manual_seed(self.config.data.get("seed", 1))
+    "data.seed": (1, False),
+    "actor_rollout_ref.actor.ppo_epochs": (1, True),
+    # fsdp_workers: optim.AdamW(..., betas=optim_config.get('betas', (0.9, 0.999)), ...)
+    "actor_rollout_ref.actor.optim.betas": ([0.9, 0.999], False),
+    # fsdp_workers: trust_remote_code=self.config.model.get('trust_remote_code', False)
+    "actor_rollout_ref.model.trust_remote_code": (False, False),
+    "trainer.total_training_steps": (None, True),
+    "trainer.max_actor_ckpt_to_keep": (None, True),
+}
+
+
+class ReferenceError(ConfigError):
+    """A preset value the reference recipe cannot express; the message starts with the preset key."""
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One Hydra argument of the reference command."""
+
+    key: str  # the 4f80e46 key, without Hydra's '+'
+    value: Any
+    source: str  # the preset key it comes from, or "fixed: <why>"
+    append: bool = False  # not in dapo_trainer.yaml: Hydra needs '+key=value'
+
+    def text(self) -> str:
+        return f"{'+' if self.append else ''}{self.key}={format_value(self.value, self.source)}"
+
+
+@dataclass
+class Translation:
+    preset: str
+    args: list[Arg] = field(default_factory=list)
+    # (preset key, value, why it is not an argument of the reference command)
+    not_passed: list[tuple[str, Any, str]] = field(default_factory=list)
+    # every preset leaf key looked at (passed, checked against a fixed reference behaviour, or not passed)
+    handled: set[str] = field(default_factory=set)
+
+    def texts(self) -> list[str]:
+        return [a.text() for a in self.args]
+
+
+def format_value(value: Any, source: str = "") -> str:
+    """A value as the reference scripts would pass it to Hydra, shell-safe; :class:`ReferenceError` otherwise."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(v, source) for v in value) + "]"
+    if isinstance(value, str):
+        if not SAFE_VALUE.match(value) or value.lower() in ("true", "false", "null", "none", "nan", "inf"):
+            raise ReferenceError(
+                f"{source or 'value'}: {value!r} cannot be passed to the reference command (only letters, digits "
+                "and _.,:/@%+=- survive the shells of the RayJob entrypoint unchanged)"
+            )
+        return value
+    raise ReferenceError(f"{source or 'value'}: cannot express {value!r} ({type(value).__name__}) as a Hydra value")
+
+
+def leaf_keys(cls: type = Preset, prefix: str = "") -> list[str]:
+    """Every leaf key of a preset (mappings, lists and the optional ``local`` section are leaves; the metadata
+    fields ``name``, ``description``, ``target_aime`` are not keys of a run)."""
+    hints = typing.get_type_hints(cls)
+    out: list[str] = []
+    for f in dataclasses.fields(cls):
+        if not prefix and f.name in ("name", "description", "target_aime"):
+            continue
+        path = f"{prefix}{f.name}"
+        sub = hints[f.name]
+        out += leaf_keys(sub, path + ".") if dataclasses.is_dataclass(sub) else [path]
+    return out
+
+
+def translate(preset: Preset) -> Translation:
+    """The reference command's Hydra arguments for a (validated) preset. Raises :class:`ReferenceError`."""
+    r, p = preset.recipe, preset.placement
+    par = p.parallel
+    a, m, d, ro, fg, t = r.actor, r.model, r.data, r.rollout, r.filter_groups, r.trainer
+    out = Translation(preset.name)
+
+    def put(key: str, value: Any, source: str, append: bool = False) -> None:
+        arg = Arg(key, value, source, append)
+        arg.text()  # refuses a value that cannot be passed, naming the preset key
+        out.args.append(arg)
+        out.handled.add(source)
+
+    def put_if_not_default(key: str, value: Any, source: str) -> None:
+        default, in_yaml = REFERENCE_DEFAULTS[key]
+        if _norm(value) != _norm(default):
+            put(key, value, source, append=not in_yaml)
+        else:
+            out.handled.add(source)
+
+    def refuse(key: str, message: str) -> None:
+        raise ReferenceError(f"{key}: {message} (preset {preset.name!r}; verl {REFERENCE_COMMIT[:7]}'s DAPO recipe)")
+
+    def fixed(key: str, ok: bool, message: str) -> None:
+        if not ok:
+            refuse(key, message)
+        out.handled.add(key)
+
+    def not_passed(key: str, value: Any, why: str) -> None:
+        out.not_passed.append((key, value, why))
+        out.handled.add(key)
+
+    # -- what the reference stack fixes: refused unless the preset asks for that behaviour ----------------------
+    fixed("placement.backend", p.backend == "verl",
+          f"is {p.backend!r}; the reference recipe runs only on verl worker groups (placement.backend: verl)")
+    fixed("local", preset.local is None, "is set; the reference recipe has no local backend")
+    fixed("recipe.model.path", not m.path.startswith("builtin:"),
+          f"{m.path!r} is a model built by our local backend; the reference loads a Hugging Face model")
+    fixed("recipe.model.tokenizer_path", m.tokenizer_path is None,
+          "is set; the reference recipe loads the tokenizer from actor_rollout_ref.model.path")
+    fixed("recipe.algorithm.norm_adv_by_std", r.algorithm.norm_adv_by_std,
+          "is false; the reference GRPO advantage always divides by the group std")
+    fixed("recipe.actor.loss_agg_mode", a.loss_agg_mode in LOSS_AGG_MODES,
+          f"{a.loss_agg_mode!r} is not one of the reference's {list(LOSS_AGG_MODES)}")
+    fixed("recipe.reward.overlong_filter", not r.reward.overlong_filter,
+          "is true; the reference recipe has no overlong filtering (only the soft overlong punishment)")
+    fixed("recipe.reward.math_verify", not r.reward.math_verify,
+          "is true; the reference recipe has no math-verify second opinion")
+    fixed("recipe.filter_groups.mode", fg.mode == "reference",
+          f"is {fg.mode!r}; the reference trainer truncates surplus kept groups (mode: reference)")
+    fixed("recipe.trainer.health.stop_on", not t.health.stop_on,
+          f"{list(t.health.stop_on)} would stop the run on a health guard; the reference trainer has none")
+
+    # -- the reference scripts' arguments, in their order --------------------------------------------------------
+    put("data.train_files", _files(d.train_files), "recipe.data.train_files")
+    put("data.val_files", _files(d.val_files), "recipe.data.val_files")
+    put("data.prompt_key", d.prompt_key, "recipe.data.prompt_key")
+    put("data.truncation", d.truncation, "recipe.data.truncation")
+    put("data.max_prompt_length", d.max_prompt_length, "recipe.data.max_prompt_length")
+    put("data.max_response_length", d.max_response_length, "recipe.data.max_response_length")
+    put("data.gen_batch_size", d.gen_batch_size if d.gen_batch_size is not None else d.train_batch_size,
+        "recipe.data.gen_batch_size")
+    put("data.train_batch_size", d.train_batch_size, "recipe.data.train_batch_size")
+    put("actor_rollout_ref.rollout.n", ro.n, "recipe.rollout.n")
+    put("algorithm.adv_estimator", r.algorithm.adv_estimator, "recipe.algorithm.adv_estimator")
+    put("algorithm.use_kl_in_reward", r.algorithm.use_kl_in_reward, "recipe.algorithm.use_kl_in_reward")
+    put("algorithm.kl_ctrl.kl_coef", r.algorithm.kl_coef, "recipe.algorithm.kl_coef")
+    put("actor_rollout_ref.actor.use_kl_loss", a.use_kl_loss, "recipe.actor.use_kl_loss")
+    put("actor_rollout_ref.actor.kl_loss_coef", a.kl_loss_coef, "recipe.actor.kl_loss_coef")
+    put("actor_rollout_ref.actor.clip_ratio_low", a.clip_ratio_low, "recipe.actor.clip_ratio_low")
+    put("actor_rollout_ref.actor.clip_ratio_high", a.clip_ratio_high, "recipe.actor.clip_ratio_high")
+    put("actor_rollout_ref.actor.clip_ratio_c", a.clip_ratio_c, "recipe.actor.clip_ratio_c")
+    put("algorithm.filter_groups.enable", fg.enable, "recipe.filter_groups.enable")
+    if fg.enable:
+        put("algorithm.filter_groups.max_num_gen_batches", fg.max_num_gen_batches,
+            "recipe.filter_groups.max_num_gen_batches")
+        put("algorithm.filter_groups.metric", fg.metric, "recipe.filter_groups.metric")
+    else:
+        why = "the reference trainer reads it only when algorithm.filter_groups.enable is true"
+        not_passed("recipe.filter_groups.max_num_gen_batches", fg.max_num_gen_batches, why)
+        not_passed("recipe.filter_groups.metric", fg.metric, why)
+    put("actor_rollout_ref.model.use_remove_padding", m.use_remove_padding, "recipe.model.use_remove_padding")
+    put("actor_rollout_ref.actor.use_dynamic_bsz", par.use_dynamic_bsz, "placement.parallel.use_dynamic_bsz")
+    put("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", par.use_dynamic_bsz, "placement.parallel.use_dynamic_bsz")
+    put("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", par.use_dynamic_bsz,
+        "placement.parallel.use_dynamic_bsz")
+    infer_len = par.log_prob_max_token_len_per_gpu or par.ppo_max_token_len_per_gpu
+    put("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", par.ppo_max_token_len_per_gpu,
+        "placement.parallel.ppo_max_token_len_per_gpu")
+    put("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", infer_len,
+        "placement.parallel.log_prob_max_token_len_per_gpu")
+    put("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", infer_len,
+        "placement.parallel.log_prob_max_token_len_per_gpu")
+    put("actor_rollout_ref.model.path", m.path, "recipe.model.path")
+    put("actor_rollout_ref.model.enable_gradient_checkpointing", m.enable_gradient_checkpointing,
+        "recipe.model.enable_gradient_checkpointing")
+    put("actor_rollout_ref.actor.optim.lr", a.optim.lr, "recipe.actor.optim.lr")
+    put("actor_rollout_ref.actor.optim.lr_warmup_steps", a.optim.lr_warmup_steps, "recipe.actor.optim.lr_warmup_steps")
+    put("actor_rollout_ref.actor.optim.weight_decay", a.optim.weight_decay, "recipe.actor.optim.weight_decay")
+    put("actor_rollout_ref.actor.ppo_mini_batch_size", a.ppo_mini_batch_size, "recipe.actor.ppo_mini_batch_size")
+    put("actor_rollout_ref.actor.fsdp_config.param_offload", par.param_offload, "placement.parallel.param_offload")
+    put("actor_rollout_ref.actor.fsdp_config.optimizer_offload", par.optimizer_offload,
+        "placement.parallel.optimizer_offload")
+    put("actor_rollout_ref.actor.entropy_coeff", a.entropy_coeff, "recipe.actor.entropy_coeff")
+    put("actor_rollout_ref.actor.grad_clip", a.optim.clip_grad, "recipe.actor.optim.clip_grad")
+    put("actor_rollout_ref.actor.loss_agg_mode", a.loss_agg_mode, "recipe.actor.loss_agg_mode")
+    put("actor_rollout_ref.actor.ulysses_sequence_parallel_size", par.ulysses_sp, "placement.parallel.ulysses_sp")
+    put("actor_rollout_ref.rollout.gpu_memory_utilization", par.gpu_memory_utilization,
+        "placement.parallel.gpu_memory_utilization")
+    put("actor_rollout_ref.rollout.tensor_model_parallel_size", par.rollout_tp, "placement.parallel.rollout_tp")
+    put("actor_rollout_ref.rollout.enable_chunked_prefill", par.enable_chunked_prefill,
+        "placement.parallel.enable_chunked_prefill")
+    put("actor_rollout_ref.rollout.max_num_batched_tokens", par.max_num_batched_tokens,
+        "placement.parallel.max_num_batched_tokens")
+    put("actor_rollout_ref.rollout.temperature", ro.temperature, "recipe.rollout.temperature")
+    put("actor_rollout_ref.rollout.top_p", ro.top_p, "recipe.rollout.top_p")
+    put("actor_rollout_ref.rollout.top_k", ro.top_k, "recipe.rollout.top_k")
+    for k in ("temperature", "top_p", "top_k", "do_sample", "n"):
+        put(f"actor_rollout_ref.rollout.val_kwargs.{k}", getattr(ro.val, k), f"recipe.rollout.val.{k}")
+    put("actor_rollout_ref.ref.fsdp_config.param_offload", par.param_offload, "placement.parallel.param_offload")
+    put("actor_rollout_ref.ref.ulysses_sequence_parallel_size", par.ulysses_sp, "placement.parallel.ulysses_sp")
+    put("actor_rollout_ref.actor.fsdp_config.fsdp_size", par.fsdp_size, "placement.parallel.fsdp_size")
+    put("reward_model.reward_manager", "dapo", "fixed: the DAPO reward manager (rule-based verifier + overlong "
+        "punishment), as the reference scripts")
+    ob = r.reward.overlong_buffer
+    put("reward_model.overlong_buffer.enable", ob.enable, "recipe.reward.overlong_buffer.enable")
+    put("reward_model.overlong_buffer.len", ob.len, "recipe.reward.overlong_buffer.len")
+    put("reward_model.overlong_buffer.penalty_factor", ob.penalty_factor,
+        "recipe.reward.overlong_buffer.penalty_factor")
+    put("trainer.logger", list(t.logger), "recipe.trainer.logger")
+    put("trainer.project_name", t.project_name, "recipe.trainer.project_name")
+    put("trainer.experiment_name", t.experiment_name, "recipe.trainer.experiment_name")
+    put("trainer.n_gpus_per_node", p.gpus_per_node, "placement.gpus_per_node")
+    put("trainer.nnodes", p.nodes, "placement.nodes")
+    put("trainer.val_before_train", t.val_before_train, "recipe.trainer.val_before_train")
+    put("trainer.test_freq", t.test_freq, "recipe.trainer.test_freq")
+    put("trainer.save_freq", t.save_freq, "recipe.trainer.save_freq")
+    put("trainer.total_epochs", t.total_epochs, "recipe.trainer.total_epochs")
+    put("trainer.default_local_dir", _resolve_trainer(t.default_local_dir, t), "recipe.trainer.default_local_dir")
+    put("trainer.resume_mode", t.resume_mode, "recipe.trainer.resume_mode")
+
+    # -- keys the scripts leave at the commit's default: written only when the preset differs ----------------------
+    put_if_not_default("data.shuffle", d.shuffle, "recipe.data.shuffle")
+    put_if_not_default("data.seed", t.seed, "recipe.trainer.seed")
+    put_if_not_default("actor_rollout_ref.actor.ppo_epochs", a.ppo_epochs, "recipe.actor.ppo_epochs")
+    put_if_not_default("actor_rollout_ref.actor.optim.betas", list(a.optim.betas), "recipe.actor.optim.betas")
+    put_if_not_default("actor_rollout_ref.model.trust_remote_code", m.trust_remote_code,
+                       "recipe.model.trust_remote_code")
+    put_if_not_default("trainer.total_training_steps", t.total_training_steps, "recipe.trainer.total_training_steps")
+    # retention: the reference checkpoint manager removes the oldest actor/ directories of this attempt
+    put_if_not_default("trainer.max_actor_ckpt_to_keep", t.max_ckpt_to_keep, "recipe.trainer.max_ckpt_to_keep")
+    for k, v in sorted(m.override_config.items()):  # an empty mapping in dapo_trainer.yaml: '+' adds a key
+        put(f"actor_rollout_ref.model.override_config.{k}", v, f"recipe.model.override_config.{k}", append=True)
+    out.handled.add("recipe.model.override_config")
+    if par.use_dynamic_bsz:
+        not_passed("placement.parallel.ppo_micro_batch_size_per_gpu", par.ppo_micro_batch_size_per_gpu,
+                   "not read with dynamic batch sizes (placement.parallel.use_dynamic_bsz: true)")
+    else:
+        mbs = par.ppo_micro_batch_size_per_gpu
+        for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"):
+            put(key, mbs, "placement.parallel.ppo_micro_batch_size_per_gpu")
+
+    # -- our stack's settings: not arguments of the reference command ---------------------------------------------
+    not_passed("recipe.actor.token_mean_scope", a.token_mean_scope,
+               "chooses how OUR loop normalises the token-mean; the reference stack always uses its own "
+               "per-micro-batch mean (docs/fidelity.md, deviations beyond config keys)")
+    for key in ("entropy_min", "starving_gen_batches", "clip_ratio_max", "patience"):
+        not_passed(f"recipe.trainer.health.{key}", getattr(t.health, key),
+                   "a threshold of our loop's health warnings; the reference trainer has no health guards")
+    not_passed("placement.accelerator", p.accelerator, "used by `dapo plan` only")
+    not_passed("placement.device", p.device, "the local backend's device; not used on verl worker groups")
+    out.handled.add("placement.env")  # the job's runtime env (recipe/dapo/runtime_env.yaml), see runtime_env()
+    return out
+
+
+def runtime_env(preset: Preset) -> dict[str, str]:
+    """The reference job's env vars from the preset: ``placement.env`` (= ``recipe/dapo/runtime_env.yaml``)."""
+    return {k: str(v) for k, v in preset.placement.env.items()}
+
+
+def _files(files: list[str]) -> Any:
+    # the scripts pass one path as a plain string; 4f80e46's RLHFDataset accepts a string or a list
+    return files[0] if len(files) == 1 else list(files)
+
+
+def _resolve_trainer(path: str, trainer: Any) -> str:
+    out = path
+    for f in dataclasses.fields(trainer):
+        v = getattr(trainer, f.name)
+        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+            out = out.replace(f"${{trainer.{f.name}}}", str(v))
+    if "${" in out:
+        raise ReferenceError(f"recipe.trainer.default_local_dir: cannot resolve {path!r} for the reference command")
+    return out
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    return v
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Overrides and the entrypoint (dapo/k8s/manifests.py and the chart's templates do the same)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def override_key(text: str) -> str:
+    return text.split("=", 1)[0]
+
+
+def check_override(text: str) -> None:
+    """Overrides of the reference command are Hydra overrides in 4f80e46's key names, not preset keys."""
+    from dapo.k8s.presets import q
+
+    root = override_key(text).lstrip("+~").split(".", 1)[0]
+    if root in PRESET_ROOTS:
+        raise ReferenceError(
+            f"overrides: {q(text)} is a preset key; with train.runner reference the overrides are Hydra overrides "
+            f"of the reference recipe in verl {REFERENCE_COMMIT[:7]}'s key names (e.g. trainer.total_training_steps=5)"
+        )
+
+
+def apply_overrides(args: list[str], overrides: list[str]) -> list[str]:
+    """Replace each argument whose key an override names (the last override of a key wins) in place; append the
+    overrides of other keys in the order they first appear."""
+    last = {override_key(o): o for o in overrides}
+    out, used = [], set()
+    for arg in args:
+        k = override_key(arg)
+        if k in last:
+            out.append(last[k])
+            used.add(k)
+        else:
+            out.append(arg)
+    for o in overrides:
+        k = override_key(o)
+        if k not in used:
+            out.append(last[k])
+            used.add(k)
+    return out
+
+
+def log_dir(args: list[str]) -> str:
+    """``<trainer.default_local_dir>/logs``: where the driver log of each attempt goes (on the shared volume)."""
+    for arg in args:
+        if override_key(arg) == "trainer.default_local_dir":
+            path = arg.split("=", 1)[1]
+            return (path[:-1] if path.endswith("/") else path) + "/logs"
+    raise ReferenceError("trainer.default_local_dir: missing from the reference command")
+
+
+def entrypoint(args: list[str]) -> str:
+    """The RayJob entrypoint: the recipe under :mod:`dapo.attempt_log` (driver log on the shared volume)."""
+    return " ".join(["python3", "-m", "dapo.attempt_log", "--log-dir", log_dir(args), "--", "python3", "-m", MODULE]
+                    + args)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m dapo.reference --preset full [overrides]``: the reference command of a preset, to run by hand
+    (e.g. ``ray job submit --runtime-env-json ... -- <command>`` from /opt/verl of the reproduction image)."""
+    import argparse
+    import json
+    import sys
+
+    from dapo.config import load_preset
+
+    ap = argparse.ArgumentParser(prog="python -m dapo.reference", description=main.__doc__.splitlines()[0])
+    ap.add_argument("--preset", required=True, help="preset name or YAML path")
+    ap.add_argument("overrides", nargs="*", help="preset overrides (recipe.*, placement.*), e.g. placement.nodes=4")
+    ap.add_argument("--notes", action="store_true", help="also list the preset keys that are not passed, and why")
+    args = ap.parse_args(argv)
+    try:
+        preset = load_preset(args.preset, args.overrides)
+        t = translate(preset)
+    except ConfigError as exc:
+        print(f"dapo.reference: {exc}", file=sys.stderr)
+        return 2
+    print(f"# verl {REFERENCE_COMMIT}, preset {preset.name}; runtime env: "
+          + json.dumps({"env_vars": runtime_env(preset)}))
+    print(" \\\n    ".join(["python3 -m " + MODULE] + t.texts()))
+    if args.notes:
+        for key, value, why in t.not_passed:
+            print(f"# not passed: {key}={value!r}: {why}")
+    return 0
+
+
+__all__ = ["MODULE", "REFERENCE_COMMIT", "Arg", "ReferenceError", "Translation", "apply_overrides", "check_override",
+           "entrypoint", "format_value", "leaf_keys", "log_dir", "main", "runtime_env", "translate"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
