@@ -110,7 +110,8 @@ def test_reference_entrypoint_passes_the_reference_scripts_arguments_key_by_key(
     image = f"{versions.IMAGE_REPOSITORY}:{versions.REPRO_IMAGE_TAG}"
     assert cluster["rayVersion"] == versions.REPRO_RAY_VERSION
     pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
-    pods.append(job["spec"]["submitterPodTemplate"]["spec"])
+    if "submitterPodTemplate" in job["spec"]:  # K8sJobMode only; HTTPMode (the default) has no submitter pod
+        pods.append(job["spec"]["submitterPodTemplate"]["spec"])
     assert {c["image"] for p in pods for c in p["containers"] + p.get("initContainers", [])} == {image}
     # the cluster operations of the preset's values apply unchanged: retries, deadline, the shared volume
     train_values = yaml.safe_load((VALUES_DIR / f"{preset}.yaml").read_text())["train"]
@@ -219,7 +220,7 @@ def test_placement_and_overrides_replace_generated_arguments_in_place_in_helm_an
     "extra, message",
     [
         ({"preset": "tiny"}, 'train.runner: preset "tiny" cannot run on the reference recipe: placement.backend:'),
-        ({"overrides": ["recipe.trainer.total_training_steps=5"]},
+        ({"overrides": ["recipe.trainer.total_training_steps=5"], "storage": {"storageClassName": "shared-rwx"}},
          'overrides: "recipe.trainer.total_training_steps=5" is a preset key'),
     ],
 )
