@@ -417,3 +417,18 @@ def test_the_dapo_loop_runs_and_resumes_on_the_verl_backend_over_the_stand_in(se
     loads = [c for c in workers2.calls if c[0] == "load"]
     assert len(loads) == 1 and loads[0][2] == 2
     assert [c[1] for c in workers2.calls if c[0] == "update_actor"] == [4 * N] and backend2.step == 3
+
+
+def test_a_resumed_run_seeds_the_rollout_engines_by_the_resume_step(setup, tmp_path):
+    from dapo import checkpoint as ckpt
+    from dapo.backends.verl import reseed_rollout_for_resume, resume_step
+
+    preset, cfg = setup
+    assert resume_step(preset, str(tmp_path)) == 0  # nothing to resume
+    ckpt.save(ckpt.checkpoint_root(tmp_path), 7, lambda d: None, {"step": 7})
+    assert resume_step(preset, str(tmp_path)) == 7
+    assert resume_step(load_preset("smoke", SMALL + ["recipe.trainer.resume_mode=disable"]), str(tmp_path)) == 0
+    c = OmegaConf.create(OmegaConf.to_container(cfg))
+    base = int(c.actor_rollout_ref.rollout.seed)
+    assert reseed_rollout_for_resume(c, 0) is None and c.actor_rollout_ref.rollout.seed == base
+    assert reseed_rollout_for_resume(c, 7) == base + 7 == c.actor_rollout_ref.rollout.seed

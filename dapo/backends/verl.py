@@ -690,14 +690,39 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     train_rows = _read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
     val_rows = _read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
     total_steps = preset.recipe.trainer.total_training_steps or _steps_for(preset, len(train_rows))
+    run_dir = str(cfg.trainer.default_local_dir)
+    reseed_rollout_for_resume(cfg, resume_step(preset, run_dir))
     workers = RayWorkers(cfg, total_steps, verl_agreement=preset.recipe.reward.verl_agreement)
     backend = VerlBackend(cfg, preset, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
-    run_dir = str(cfg.trainer.default_local_dir)
     loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False))
     try:
         return int(loop.fit() or 0)
     finally:
         backend.close()
+
+
+def resume_step(preset: Preset, run_dir: str) -> int:
+    """The step the loop will resume from (``resume_mode: auto`` and a complete checkpoint), else 0."""
+    if preset.recipe.trainer.resume_mode != "auto":
+        return 0
+    from dapo import checkpoint as ckpt
+
+    latest = ckpt.latest(ckpt.checkpoint_root(run_dir))
+    return int(ckpt.load_loop_state(latest)["step"]) if latest is not None else 0
+
+
+def reseed_rollout_for_resume(cfg: Any, step: int) -> Optional[int]:
+    """vLLM's sampling generator lives in the engines and is not checkpointable: a restarted engine starts its stream
+    from ``rollout.seed`` again, so a resumed run would replay the random stream of step 1. Seed the engines with
+    ``rollout.seed + step`` instead: a resume from step ``s`` always draws the same stream (reproducible per resume
+    point), though not the uninterrupted run's (docs/verl.md, Resume). Returns the new seed (None: step 0)."""
+    if step <= 0:
+        return None
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        cfg.actor_rollout_ref.rollout.seed = int(cfg.actor_rollout_ref.rollout.seed) + int(step)
+    return int(cfg.actor_rollout_ref.rollout.seed)
 
 
 def _steps_for(preset: Preset, n_rows: int) -> int:
