@@ -181,6 +181,7 @@ class DAPOLoop:
         self.next_gid = 0
         self.gen_samples_total = 0
         self.val_history: list[tuple[int, dict[str, float]]] = []
+        self._pending_metrics: Optional[dict[str, float]] = None  # a step's record not yet logged when it was saved
         self._bar = None
         self._t0 = time.time()
         self._cpu0 = cpu_seconds()
@@ -368,6 +369,7 @@ class DAPOLoop:
             "next_gid": self.next_gid,
             "gen_samples_total": self.gen_samples_total,
             "val_history": list(self.val_history),
+            "pending_metrics": self._pending_metrics,
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
@@ -379,6 +381,7 @@ class DAPOLoop:
         self.next_gid = int(s["next_gid"])
         self.gen_samples_total = int(s.get("gen_samples_total", 0))
         self.val_history = [(int(a), dict(b)) for a, b in s.get("val_history", [])]
+        self._pending_metrics = s.get("pending_metrics")
 
     def save(self) -> Path:
         t0 = time.perf_counter()
@@ -438,8 +441,24 @@ class DAPOLoop:
                 self._bar.close()
                 self._bar = None
 
+    def _log_pending(self, logger: MetricsLogger) -> None:
+        """A checkpoint is written before its step's validation and log record (verl's order); after a kill in
+        between, the resumed run logs that record from the checkpoint, validating first when it was due."""
+        pending, self._pending_metrics = self._pending_metrics, None
+        if pending is None or any(int(r.get("step", -1)) == self.step and "timing_s/step" in r
+                                  for r in read_jsonl(self.run_dir / "metrics.jsonl")):  # fmt: skip
+            return
+        m = dict(pending)
+        if self._cadence(self.recipe.trainer.test_freq, self.step) and self.val_rows:
+            vm = self.validate()
+            self.val_history.append((self.step, vm))
+            m.update(vm)
+        logger.log(m, self.step)
+        self.log(format_step_line(self.step, self.total_steps, m))
+
     def _fit(self, logger: MetricsLogger) -> int:
         t = self.recipe.trainer
+        self._log_pending(logger)
         if self.step >= self.total_steps:
             self.log(f"run already complete ({self.step}/{self.total_steps} steps; checkpoints in {self.ckpt_root}). "
                      "Use --resume disable (or another --run-dir) to train again.")
@@ -470,7 +489,9 @@ class DAPOLoop:
             # save before validating, as verl's fit() does: the weights reach the rollout engine once per step
             # (validation syncs them; a save after it would put the replicas to sleep and force a second sync)
             if self._cadence(t.save_freq, step) or stop:
+                self._pending_metrics = dict(metrics)
                 self.save()
+                self._pending_metrics = None
                 metrics["timing_s/save_checkpoint"] = self.last_save_seconds
             if self._cadence(t.test_freq, step) and self.val_rows:
                 vm = self.validate()

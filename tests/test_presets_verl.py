@@ -227,8 +227,9 @@ def test_use_kl_in_reward_and_non_left_truncation_are_refused():
 
 
 def test_use_kl_loss_and_greedy_validation_reach_verls_config():
-    r = verl_config.resolve(load_preset("full", ["recipe.actor.use_kl_loss=true", "recipe.actor.kl_loss_coef=0.001",
-                                                 "recipe.actor.kl_loss_type=k3+", "recipe.rollout.val.do_sample=false"]))
+    over = ["recipe.actor.use_kl_loss=true", "recipe.actor.kl_loss_coef=0.001", "recipe.actor.kl_loss_type=k3+",
+            "recipe.rollout.val.do_sample=false"]
+    r = verl_config.resolve(load_preset("full", over))
     a = r.cfg.actor_rollout_ref.actor
     assert a.use_kl_loss and a.kl_loss_coef == 0.001 and a.kl_loss_type == "k3+"
     from verl.trainer.ppo.utils import need_reference_policy

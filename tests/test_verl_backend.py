@@ -432,3 +432,16 @@ def test_a_resumed_run_seeds_the_rollout_engines_by_the_resume_step(setup, tmp_p
     base = int(c.actor_rollout_ref.rollout.seed)
     assert reseed_rollout_for_resume(c, 0) is None and c.actor_rollout_ref.rollout.seed == base
     assert reseed_rollout_for_resume(c, 7) == base + 7 == c.actor_rollout_ref.rollout.seed
+
+
+def test_greedy_validation_reaches_the_agent_loop_as_temperature_zero(tmp_path):
+    preset = load_preset("smoke", SMALL + ["recipe.rollout.val.do_sample=false"])
+    cfg = verl_config.resolve(preset).cfg
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 0.0
+    tok = CharTokenizer()
+    backend = VerlBackend(cfg, preset, CpuStandInWorkers(cfg, tok), tok)
+    from dapo.loop import DAPOLoop
+
+    loop = DAPOLoop(preset, backend, _rows(8), _rows(2), tmp_path, progress=False, log=lambda m: None)
+    backend.generate(_rows(2), loop.val_sampling)  # the loop's rollout.val sampling: do_sample false
+    assert backend.workers.calls[-1] == ("generate", 2 * preset.recipe.rollout.val.n, True)

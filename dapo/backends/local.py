@@ -466,7 +466,8 @@ class LocalBackend(Backend):
         r_ids, r_mask = r_ids[:, :keep_r].to(self.device), r_mask[:, :keep_r].to(self.device)
         with self.autocast():
             logits, last, _, _, computed = prompt_forward(
-                model if model is not None else self.model, data["prompt_ids"][idx].to(self.device), data["prompt_mask"][idx].to(self.device), r_ids,
+                model if model is not None else self.model, data["prompt_ids"][idx].to(self.device),
+                data["prompt_mask"][idx].to(self.device), r_ids,
                 share_prefix=self.share_prefix,
             )
         self._computed_tokens += computed

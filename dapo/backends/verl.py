@@ -325,8 +325,8 @@ class VerlBackend(Backend):
         ids = [r[: int(n)] for r, n in zip(rows_ids, L)]
         texts = list(self.tokenizer.batch_decode(ids, skip_special_tokens=True))
         max_len = int(self.cfg.data.max_response_length)
-        truncated = np.asarray([int(n) >= max_len and (not t or t[-1] not in self.eos_token_ids) for n, t in zip(L, ids)],
-                               dtype=bool)  # fmt: skip
+        eos = self.eos_token_ids
+        truncated = np.asarray([int(n) >= max_len and (not t or t[-1] not in eos) for n, t in zip(L, ids)], dtype=bool)
         prompt_len = data.batch["prompts"].shape[-1]
         stats: dict[str, np.ndarray] = {
             "prompt_length": data.batch["attention_mask"][:, :prompt_len].sum(-1).cpu().numpy().astype(np.float64),
