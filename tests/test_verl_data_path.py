@@ -324,3 +324,23 @@ def test_the_loop_syncs_weights_once_per_step_after_the_save_in_verls_order(tmp_
                      + step + ["save", "update_weights", "generate"])  # fmt: skip
     assert [e[1] for e in events if e[0] == "update_weights"] == [0, 1, 2, 3]
     assert backend.num_syncs == 4  # one per step plus the initial one
+
+
+@pytest.mark.parametrize("agreement", [False, True])
+def test_verls_reward_loop_scores_the_rollout_again_only_with_verl_agreement(agreement):
+    import inspect
+
+    from dapo.backends.verl import dapo_trainer_class
+
+    # the hook point: init_workers assigns self.reward_loop_manager and hands its workers to the agent loop
+    src = inspect.getsource(ray_trainer.RayPPOTrainer.init_workers)
+    assert "self.reward_loop_manager = RewardLoopManager(" in src
+    assert "self.reward_loop_manager.reward_loop_workers if enable_agent_reward_loop" in src
+    cls = dapo_trainer_class(10, agreement)
+    assert issubclass(cls, ray_trainer.RayPPOTrainer)
+    trainer = cls.__new__(cls)  # no Ray: only the attribute hook is exercised
+    manager = types.SimpleNamespace(reward_loop_workers=["w0", "w1"], compute_rm_score=lambda b: "scored")
+    trainer.reward_loop_manager = manager
+    got = trainer.reward_loop_manager
+    assert got.reward_loop_workers == (["w0", "w1"] if agreement else None)
+    assert got.compute_rm_score(None) == "scored"  # everything else is verl's manager

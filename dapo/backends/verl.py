@@ -507,28 +507,10 @@ class RayWorkers:
     """
 
     def __init__(self, cfg: Any, total_training_steps: int, *, verl_agreement: bool = False):
-        from omegaconf import OmegaConf, open_dict
+        from omegaconf import OmegaConf
 
         from verl.trainer.main_ppo_v0 import BaseTaskRunner
-        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
         from verl.utils.config import omega_conf_to_dataclass
-
-        class _DapoRayTrainer(RayPPOTrainer):
-            def _create_dataloader(self, *args: Any, **kwargs: Any) -> None:
-                self.total_training_steps = total_training_steps
-                with open_dict(self.config):
-                    self.config.actor_rollout_ref.actor.optim.total_training_steps = total_training_steps
-
-            # init_workers assigns verl's RewardLoopManager here and hands its workers to the agent loop
-            @property
-            def reward_loop_manager(self) -> Any:
-                return self.__dict__.get("_dapo_reward_loop_manager")
-
-            @reward_loop_manager.setter
-            def reward_loop_manager(self, manager: Any) -> None:
-                if manager is not None and not verl_agreement:
-                    manager = _NoAgentRewardLoop(manager)
-                self.__dict__["_dapo_reward_loop_manager"] = manager
 
         OmegaConf.resolve(cfg)  # as verl's TaskRunner.run does before building anything
         runner = BaseTaskRunner()
@@ -539,7 +521,7 @@ class RayWorkers:
         self.tokenizer = model_config.tokenizer
         gen_eos = getattr(model_config.generation_config, "eos_token_id", None)
         self.eos_token_ids = set(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos] if gen_eos is not None else [])
-        trainer = _DapoRayTrainer(
+        trainer = dapo_trainer_class(total_training_steps, verl_agreement)(
             config=cfg,
             tokenizer=self.tokenizer,
             processor=model_config.processor,
@@ -618,6 +600,33 @@ class RayWorkers:
 
     def close(self) -> None:
         self.sleep_replicas()
+
+
+def dapo_trainer_class(total_training_steps: int, verl_agreement: bool) -> type:
+    """verl's ``RayPPOTrainer`` with two changes: no dataloaders (the DAPO loop owns the data; their side effect, the
+    optimizer's ``total_training_steps``, is kept) and, unless ``verl_agreement``, no reward-loop workers for the
+    agent loop (``init_workers`` assigns ``self.reward_loop_manager`` and hands ``.reward_loop_workers`` to it)."""
+    from omegaconf import open_dict
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    class _DapoRayTrainer(RayPPOTrainer):
+        def _create_dataloader(self, *args: Any, **kwargs: Any) -> None:
+            self.total_training_steps = total_training_steps
+            with open_dict(self.config):
+                self.config.actor_rollout_ref.actor.optim.total_training_steps = total_training_steps
+
+        @property
+        def reward_loop_manager(self) -> Any:
+            return self.__dict__.get("_dapo_reward_loop_manager")
+
+        @reward_loop_manager.setter
+        def reward_loop_manager(self, manager: Any) -> None:
+            if manager is not None and not verl_agreement:
+                manager = _NoAgentRewardLoop(manager)
+            self.__dict__["_dapo_reward_loop_manager"] = manager
+
+    return _DapoRayTrainer
 
 
 class _NoAgentRewardLoop:
