@@ -344,3 +344,19 @@ def test_verls_reward_loop_scores_the_rollout_again_only_with_verl_agreement(agr
     got = trainer.reward_loop_manager
     assert got.reward_loop_workers == (["w0", "w1"] if agreement else None)
     assert got.compute_rm_score(None) == "scored"  # everything else is verl's manager
+
+
+def test_balance_order_is_verls_own_balance_batch():
+    from dapo.backends.verl import balance_order
+
+    g = torch.Generator().manual_seed(4)
+    lengths = torch.randint(3, 60, (16,), generator=g)
+    mask = (torch.arange(64)[None, :] < lengths[:, None]).long()
+    batch = DataProto.from_dict(tensors={"attention_mask": mask, "row": torch.arange(16)})
+    fake = types.SimpleNamespace(actor_rollout_wg=types.SimpleNamespace(_dispatch_info={"actor": [0, 1, 2, 3]}))
+    fake._get_dp_size = types.MethodType(ray_trainer.RayPPOTrainer._get_dp_size, fake)
+    verl_metrics: dict = {}
+    ray_trainer.RayPPOTrainer._balance_batch(fake, batch, verl_metrics)
+    ours, our_metrics = balance_order(mask, 4)
+    assert batch.batch["row"].tolist() == ours.tolist()
+    assert our_metrics == pytest.approx({k: float(v) for k, v in verl_metrics.items()})

@@ -17,6 +17,10 @@ cluster):
   follows verl's ``constant`` schedule with linear warm-up, stepped once per rollout step:
   ``lr_s = lr * min(1, s / lr_warmup_steps)`` for the s-th update call (0-based; so the very first update runs at
   lr 0 when warm-up is on, exactly as verl 0.9.1). ``actor/lr`` is the rate the update used.
+- ``recipe.actor.use_kl_loss``: a frozen copy of the initial model is the reference policy; its log-probs are computed
+  after pi_old and ``kl_loss_coef * agg_loss(kl_penalty(log_prob, ref_log_prob, kl_loss_type), mask)`` is added to
+  the loss, as verl's ``ppo_loss`` does. A mini-batch with no valid token (all overlong-filtered) is a zero-gradient
+  optimizer step, as in verl with the DAPO loss.
 - checkpoints: the weights as a HF model directory (``actor/``, loadable with ``from_pretrained``) and the optimizer,
   scheduler and sampling-generator states (``actor_state.pt``).
 

@@ -385,7 +385,10 @@ class VerlBackend(Backend):
         order, bal = balance_order(data.batch["attention_mask"], int(self.workers.dp_size))
         if np.array_equal(order, np.arange(len(order))):
             return data, None, bal
-        return data[torch.as_tensor(order)], order, bal
+        sent = data[torch.as_tensor(order)]
+        sent.meta_info = dict(data.meta_info)
+        sent.meta_info["global_token_num"] = torch.sum(sent.batch["attention_mask"], dim=-1).tolist()
+        return sent, order, bal
 
     @staticmethod
     def _unbalance(t: torch.Tensor, order: Optional[np.ndarray]) -> torch.Tensor:
