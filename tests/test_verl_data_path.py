@@ -323,6 +323,9 @@ def test_the_loop_syncs_weights_once_per_step_after_the_save_in_verls_order(tmp_
                      + step + ["save", "update_weights", "generate"]
                      + step + ["save", "update_weights", "generate"])  # fmt: skip
     assert [e[1] for e in events if e[0] == "update_weights"] == [0, 1, 2, 3]
+    # DataProto pad / unpad around the agent loop: 3 validation prompts x 1 padded to the 8 agent-loop workers,
+    # 4 training prompts x 4 = 16 rows already divisible
+    assert [e[1] for e in events if e[0] == "generate"] == [8, 16, 8, 16, 8, 16, 8]
     assert backend.num_syncs == 4  # one per step plus the initial one
 
 
