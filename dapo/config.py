@@ -27,6 +27,7 @@ import yaml
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # dapo.loss.kl_penalty (torch-free copy)
 
 
 class ConfigError(ValueError):
@@ -94,6 +95,8 @@ class AlgorithmConfig:
     adv_estimator: Literal["grpo"] = "grpo"
     # Divide by the group std (GRPO); false gives Dr.GRPO-style centred rewards.
     norm_adv_by_std: bool = True
+    # KL penalty in the token rewards (verl's apply_kl_penalty): not implemented by the DAPO loop -> must stay false/0
+    # (use recipe.actor.use_kl_loss for a KL term).
     use_kl_in_reward: bool = False
     kl_coef: float = 0.0
 
@@ -121,8 +124,11 @@ class ActorConfig:
     # accumulation / data parallel); "microbatch": the reference commit's per-micro-batch mean.
     token_mean_scope: Literal["minibatch", "microbatch"] = "minibatch"
     entropy_coeff: float = 0.0
+    # KL loss against a frozen copy of the initial policy (verl's ppo_loss): + kl_loss_coef * agg(kl, mask).
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
+    # KL estimator (verl's kl_penalty): kl|k1, abs, mse|k2, low_var_kl|k3, each optionally with '+' (k2 gradient).
+    kl_loss_type: str = "low_var_kl"
     # Prompts per optimizer mini-batch (x n responses).
     ppo_mini_batch_size: int = 32
     ppo_epochs: int = 1
@@ -144,6 +150,9 @@ class RewardConfig:
     overlong_filter: bool = False
     # Second opinion with math-verify, logged as its own metric; never changes the reward.
     math_verify: bool = False
+    # verl backend: verl's reward loop also scores every rollout on the workers and reward/verl_agreement logs how
+    # often it agrees with the loop's reward (a check that costs a second scoring pass; off: scored once).
+    verl_agreement: bool = False
 
 
 @dataclass
@@ -195,6 +204,12 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "wandb"])
     # Keep at most this many checkpoints (null: all).
     max_ckpt_to_keep: Optional[int] = None
+    # Generation dumps (verl's trainer.* keys, same JSONL format): every step's training rollouts to
+    # <rollout_data_dir>/<step>.jsonl, every validation to <validation_data_dir>/<step>.jsonl (null: off), and
+    # log_val_generations validation samples per validation (chosen like verl) to <run dir>/val_generations.jsonl.
+    rollout_data_dir: Optional[str] = None
+    validation_data_dir: Optional[str] = None
+    log_val_generations: int = 0
     # Health guards (entropy collapse, sampler starvation, responses piling up at the length cap).
     health: HealthConfig = field(default_factory=HealthConfig)
 
@@ -553,6 +568,18 @@ def validate(preset: Preset) -> None:
         bad("recipe.actor.clip_ratio_high", f"must be >= 0, got {a.clip_ratio_high}")
     if not a.clip_ratio_c > 1.0:
         bad("recipe.actor.clip_ratio_c", f"must be > 1 (dual-clip bound), got {a.clip_ratio_c}")
+    if r.algorithm.use_kl_in_reward or r.algorithm.kl_coef:
+        bad("recipe.algorithm.use_kl_in_reward", "(and kl_coef) is not implemented by the DAPO loop: a KL penalty in "
+            "the token rewards would change every group's advantages and the dynamic-sampling metrics; use "
+            "recipe.actor.use_kl_loss / kl_loss_coef for a KL term (DAPO itself uses none)")
+    kl_base = a.kl_loss_type[:-1] if a.kl_loss_type.endswith("+") else a.kl_loss_type
+    if kl_base not in KL_PENALTIES:
+        bad("recipe.actor.kl_loss_type", f"must be one of {list(KL_PENALTIES)} (optionally with '+'), got "
+            f"{a.kl_loss_type!r}")
+    if a.kl_loss_coef < 0:
+        bad("recipe.actor.kl_loss_coef", f"must be >= 0, got {a.kl_loss_coef}")
+    if r.trainer.log_val_generations < 0:
+        bad("recipe.trainer.log_val_generations", f"must be >= 0, got {r.trainer.log_val_generations}")
     if a.loss_agg_mode not in LOSS_AGG_MODES:
         bad("recipe.actor.loss_agg_mode", f"must be one of {list(LOSS_AGG_MODES)}, got {a.loss_agg_mode!r}")
     ob = r.reward.overlong_buffer

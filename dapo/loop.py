@@ -28,6 +28,7 @@ overlong *punishment* is part of the reward. The learning-rate schedule (warm-up
 
 from __future__ import annotations
 
+import json
 import random
 import resource
 import shutil
@@ -42,6 +43,7 @@ import numpy as np
 from dapo import checkpoint as ckpt
 from dapo.advantage import group_advantages
 from dapo.backends.base import Backend, Rollout, Sampling
+from dapo.generations import dump_generations, pick_val_generations, prompt_text
 from dapo.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED, HealthGuard
 from dapo.metrics import MetricsLogger, format_step_line, read_jsonl, truncate_jsonl, val_acc_key, val_accuracy
 from dapo.reward import score_responses
@@ -166,7 +168,7 @@ class DAPOLoop:
         v = ro.val
         self.val_sampling = Sampling(
             n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, do_sample=v.do_sample,
-            max_tokens=d.max_response_length,
+            max_tokens=d.max_response_length, validation=True,
         )
         self.health = HealthGuard(
             t.health,
@@ -179,6 +181,7 @@ class DAPOLoop:
         self.next_gid = 0
         self.gen_samples_total = 0
         self.val_history: list[tuple[int, dict[str, float]]] = []
+        self._pending_metrics: Optional[dict[str, float]] = None  # a step's record not yet logged when it was saved
         self._bar = None
         self._t0 = time.time()
         self._cpu0 = cpu_seconds()
@@ -195,7 +198,7 @@ class DAPOLoop:
     def score(self, rollout: Rollout) -> dict[str, np.ndarray]:
         """Verifier + soft overlong punishment for every response (DAPO eq. 1 + eq. 13)."""
         ob = self.recipe.reward.overlong_buffer
-        return score_responses(
+        scored = score_responses(
             rollout.response_text,
             [row["reward_model"]["ground_truth"] for row in rollout.prompt_rows],
             rollout.response_length,
@@ -204,6 +207,23 @@ class DAPOLoop:
             overlong_penalty_factor=ob.penalty_factor,
             overlong_enable=ob.enable,
             math_verify=self.recipe.reward.math_verify,
+        )
+        # the one scoring pass: the scores travel with the responses (select/concat keep them), so a backend places
+        # these numbers (verl's token_level_scores) instead of scoring again
+        for k in ("reward", "score", "acc"):
+            rollout.stats[k] = np.asarray(scored[k])
+        return scored
+
+    def _dump(self, directory: Optional[str], rollout: Rollout, scored: dict[str, np.ndarray], step: int) -> None:
+        """verl's generation dump (``trainer.rollout_data_dir`` / ``validation_data_dir``): ``<dir>/<step>.jsonl``."""
+        if not directory:
+            return
+        # verl's extra columns: its DAPO reward manager's reward_extra_info (score, acc, pred)
+        extra = {k: scored[k] for k in ("score", "acc", "pred", "overlong_reward") if k in scored}
+        dump_generations(
+            directory, step, [prompt_text(r, self.recipe.data.prompt_key) for r in rollout.prompt_rows],
+            rollout.response_text, [r["reward_model"]["ground_truth"] for r in rollout.prompt_rows],
+            scored["reward"], extra,
         )
 
     # ---------------------------------------------------------------------------------------------------------------
@@ -249,7 +269,7 @@ class DAPOLoop:
         batch = self.backend.concat([self.backend.select(s.batch[0], s.indices) for s in selection])
         scores = {
             k: np.concatenate([np.asarray(s.batch[1][k])[s.indices] for s in selection])
-            for k in ("reward", "score", "acc")
+            for k in ("reward", "score", "acc", "pred", "overlong_reward")
         }
         sstats = self.sampler.finish_step()
         timing["filter"] += time.perf_counter() - t0
@@ -270,6 +290,7 @@ class DAPOLoop:
         t2 = time.perf_counter()
         timing["old_log_prob"] += t1 - t0
         timing["update_actor"] += t2 - t1
+        self._dump(r.trainer.rollout_data_dir, batch, scores, step)
 
         # -- metrics (verl names, dapo.metrics.METRICS) --
         lengths = np.asarray(batch.response_length, dtype=np.float64)
@@ -315,6 +336,16 @@ class DAPOLoop:
         t0 = time.perf_counter()
         rollout = self.backend.generate(self.val_rows, self.val_sampling)
         scored = self.score(rollout)
+        t = self.recipe.trainer
+        self._dump(t.validation_data_dir, rollout, scored, self.step)
+        if t.log_val_generations > 0:  # verl's validation-generations table, as JSONL in the run directory
+            inputs = [prompt_text(r, self.recipe.data.prompt_key) for r in rollout.prompt_rows]
+            picked = pick_val_generations(inputs, rollout.response_text, scored["reward"], t.log_val_generations)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.run_dir / "val_generations.jsonl", "a", encoding="utf-8") as f:
+                for inp, out, sc in picked:
+                    f.write(json.dumps({"step": self.step, "input": inp, "output": out, "score": sc},
+                                       ensure_ascii=False) + "\n")
         k = self.val_sampling.n
         sources = np.asarray([row.get("data_source", "unknown") for row in rollout.prompt_rows], dtype=object)
         lengths = np.asarray(rollout.response_length, dtype=np.float64)
@@ -338,6 +369,7 @@ class DAPOLoop:
             "next_gid": self.next_gid,
             "gen_samples_total": self.gen_samples_total,
             "val_history": list(self.val_history),
+            "pending_metrics": self._pending_metrics,
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
@@ -349,6 +381,7 @@ class DAPOLoop:
         self.next_gid = int(s["next_gid"])
         self.gen_samples_total = int(s.get("gen_samples_total", 0))
         self.val_history = [(int(a), dict(b)) for a, b in s.get("val_history", [])]
+        self._pending_metrics = s.get("pending_metrics")
 
     def save(self) -> Path:
         t0 = time.perf_counter()
@@ -408,8 +441,24 @@ class DAPOLoop:
                 self._bar.close()
                 self._bar = None
 
+    def _log_pending(self, logger: MetricsLogger) -> None:
+        """A checkpoint is written before its step's validation and log record (verl's order); after a kill in
+        between, the resumed run logs that record from the checkpoint, validating first when it was due."""
+        pending, self._pending_metrics = self._pending_metrics, None
+        if pending is None or any(int(r.get("step", -1)) == self.step and "timing_s/step" in r
+                                  for r in read_jsonl(self.run_dir / "metrics.jsonl")):  # fmt: skip
+            return
+        m = dict(pending)
+        if self._cadence(self.recipe.trainer.test_freq, self.step) and self.val_rows:
+            vm = self.validate()
+            self.val_history.append((self.step, vm))
+            m.update(vm)
+        logger.log(m, self.step)
+        self.log(format_step_line(self.step, self.total_steps, m))
+
     def _fit(self, logger: MetricsLogger) -> int:
         t = self.recipe.trainer
+        self._log_pending(logger)
         if self.step >= self.total_steps:
             self.log(f"run already complete ({self.step}/{self.total_steps} steps; checkpoints in {self.ckpt_root}). "
                      "Use --resume disable (or another --run-dir) to train again.")
@@ -435,15 +484,19 @@ class DAPOLoop:
                          f"exit code {EXIT_SAMPLER_EXHAUSTED}")
                 return EXIT_SAMPLER_EXHAUSTED
             self.step = step
+            events = self.health.observe(step, metrics)  # the guards read training metrics only
+            stop = [e for e in events if e.stop]
+            # save before validating, as verl's fit() does: the weights reach the rollout engine once per step
+            # (validation syncs them; a save after it would put the replicas to sleep and force a second sync)
+            if self._cadence(t.save_freq, step) or stop:
+                self._pending_metrics = dict(metrics)
+                self.save()
+                self._pending_metrics = None
+                metrics["timing_s/save_checkpoint"] = self.last_save_seconds
             if self._cadence(t.test_freq, step) and self.val_rows:
                 vm = self.validate()
                 self.val_history.append((step, vm))
                 metrics.update(vm)
-            events = self.health.observe(step, metrics)
-            stop = [e for e in events if e.stop]
-            if self._cadence(t.save_freq, step) or stop:
-                self.save()
-                metrics["timing_s/save_checkpoint"] = self.last_save_seconds
             logger.log(metrics, step)
             self.log(format_step_line(step, self.total_steps, metrics))
             if self._bar is not None:

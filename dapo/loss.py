@@ -39,8 +39,10 @@ Count = Union[int, float, torch.Tensor]
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "KL_PENALTIES",
     "agg_loss",
     "entropy_from_logits",
+    "kl_penalty",
     "log_probs_from_logits",
     "masked_mean",
     "masked_sum",
@@ -72,8 +74,16 @@ def _check_count(name: str, value: Optional[Count]) -> None:
             return  # reading an accelerator tensor would force a device sync on every micro-batch
         value = value.detach().item()
     v = float(value)
-    if not v > 0:
-        raise ValueError(f"{name} must be > 0 (a count over the whole mini-batch), got {v}")
+    if not v >= 0:
+        raise ValueError(f"{name} must be >= 0 (a count over the whole mini-batch), got {v}")
+
+
+def _at_least_one(count: Count) -> Count:
+    """``max(count, 1)``: a count of 0 means nothing in the mini-batch counts (e.g. every response overlong-filtered);
+    the masked sum is then exactly 0 too, so the loss is 0 with a zero gradient instead of 0 / 0."""
+    if isinstance(count, torch.Tensor):
+        return count.clamp(min=1)
+    return max(count, 1)
 
 
 def agg_loss(
@@ -97,6 +107,9 @@ def agg_loss(
 
     ``dp_size > 1`` needs the global counts (like verl): each rank returns ``local_sum / global_count * dp_size`` so
     that the gradient *average* DDP/FSDP computes equals the gradient of the global mean.
+
+    A global count of 0 (a mini-batch whose responses are all masked, e.g. all truncated under overlong filtering)
+    gives a loss of exactly 0 with a zero gradient: the count is used as ``max(count, 1)`` (verl divides by 0 there).
     """
     if loss_mat.shape != loss_mask.shape:
         raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and loss_mask {tuple(loss_mask.shape)} differ in shape")
@@ -109,8 +122,8 @@ def agg_loss(
         if global_tokens is None:
             if dp_size > 1:
                 raise ValueError("token-mean with dp_size > 1 needs global_tokens (valid tokens on all ranks)")
-            global_tokens = mask_f.sum().clamp(min=1.0)
-        return masked_sum(loss_mat, loss_mask) / global_tokens * dp_size
+            global_tokens = mask_f.sum()
+        return masked_sum(loss_mat, loss_mask) / _at_least_one(global_tokens) * dp_size
     if loss_agg_mode in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         tokens_per_seq = mask_f.sum(dim=-1)
         seq_sum = masked_sum(loss_mat, loss_mask, dim=-1)
@@ -119,8 +132,8 @@ def agg_loss(
         if global_seqs is None:
             if dp_size > 1:
                 raise ValueError(f"{loss_agg_mode} with dp_size > 1 needs global_seqs (responses on all ranks)")
-            global_seqs = seq_valid.to(loss_mat.dtype).sum().clamp(min=1.0)
-        loss = masked_sum(seq_loss, seq_valid) / global_seqs * dp_size
+            global_seqs = seq_valid.to(loss_mat.dtype).sum()
+        loss = masked_sum(seq_loss, seq_valid) / _at_least_one(global_seqs) * dp_size
         if loss_agg_mode == "seq-mean-token-sum-norm":
             scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
             if not scale > 0:
@@ -220,6 +233,41 @@ def policy_loss(
             "ppo_kl": masked_mean(-log_ratio, response_mask),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+
+
+def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
+    """Per-token KL estimate between the policy and the reference policy (J. Schulman, "Approximating KL divergence",
+    2020), verl 0.9.1's ``core_algos.kl_penalty``; ``d = log_prob - ref_log_prob``::
+
+        kl | k1           d
+        abs               |d|
+        mse | k2          d^2 / 2
+        low_var_kl | k3   clamp(exp(-d') + d' - 1, -10, 10)   with d' = clamp(d, -20, 20)
+
+    A ``+`` suffix (``k1+``, ``k3+``, ...) keeps the forward value but takes the gradient of ``k2`` (straight-through),
+    whose expected gradient is the KL's. Used by the KL loss (``recipe.actor.use_kl_loss``): ``kl_loss_coef *
+    agg_loss(kl_penalty(...), mask, loss_agg_mode)`` is added to the policy loss.
+    """
+    base = kind[:-1] if kind.endswith("+") else kind
+    if base not in KL_PENALTIES:
+        raise ValueError(f"unknown KL estimator {kind!r}; expected one of {list(KL_PENALTIES)} (optionally with '+')")
+    d = log_prob - ref_log_prob
+    if base in ("kl", "k1"):
+        fwd = d
+    elif base == "abs":
+        fwd = d.abs()
+    elif base in ("mse", "k2"):
+        fwd = 0.5 * d.square()
+    else:
+        neg = torch.clamp(-d, min=-20, max=20)
+        fwd = torch.clamp(torch.exp(neg) - neg - 1, min=-10, max=10)
+    if not kind.endswith("+") or base in ("mse", "k2"):
+        return fwd
+    back = 0.5 * d.square()
+    return back - back.detach() + fwd.detach()
 
 
 def overlong_filter_mask(response_mask: torch.Tensor, truncated, enable: bool = True) -> torch.Tensor:

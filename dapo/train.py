@@ -7,8 +7,10 @@ the backend the preset's placement names:
 - ``placement.backend: verl``  -> :mod:`dapo.backends.verl` (verl worker groups on Ray)
 
 Overrides: ``recipe.…``, ``placement.…``, ``local.…`` keys address the preset (validated strictly). Any other
-``key=value`` is passed verbatim to verl's Hydra config (verl backend only; Hydra rejects unknown keys, and a key
-the preset owns -- e.g. ``trainer.nnodes`` -- is rejected with the preset key to use, here ``placement.nodes``).
+``key=value`` is passed verbatim to verl's Hydra config (verl backend only; Hydra rejects unknown keys, a key
+the preset owns -- e.g. ``trainer.nnodes`` -- is rejected with the preset key to use, here ``placement.nodes``, and a
+key only verl's own ``RayPPOTrainer.fit()`` reads -- e.g. ``trainer.esi_redundant_time`` -- is rejected with the
+reason: see :data:`dapo.verl_config.PASSTHROUGH_REFUSED`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dapo train",
         description="Train with a DAPO preset. Overrides: recipe.actor.optim.lr=1e-5 (preset keys) or "
-        "verl Hydra keys the preset does not own (verl backend), e.g. trainer.log_val_generations=10. "
+        "verl Hydra keys the preset does not own that verl's workers read (verl backend), e.g. "
+        "actor_rollout_ref.rollout.max_num_seqs=512 (keys only verl's own trainer loop reads are refused). "
         "--dry-run on a verl preset prints the resolved, validated verl config without starting Ray.",
     )
     p.add_argument("--preset", default="tiny", help=f"preset name ({', '.join(list_presets())}) or a YAML path")

@@ -131,6 +131,10 @@ def settings(preset: Preset) -> list[Setting]:
     put("actor_rollout_ref.rollout.top_p", ro.top_p, "recipe.rollout.top_p")
     put("actor_rollout_ref.rollout.top_k", ro.top_k, "recipe.rollout.top_k")
     for k in ("temperature", "top_p", "top_k", "n", "do_sample"):
+        if k == "temperature" and not ro.val.do_sample:
+            # verl's agent loop reads only temperature / top_p / top_k: greedy validation is temperature 0
+            put("actor_rollout_ref.rollout.val_kwargs.temperature", 0.0, "recipe.rollout.val.do_sample (false: greedy)")
+            continue
         put(f"actor_rollout_ref.rollout.val_kwargs.{k}", getattr(ro.val, k), f"recipe.rollout.val.{k}")
     # algorithm
     put("algorithm.adv_estimator", r.algorithm.adv_estimator, "recipe.algorithm.adv_estimator")
@@ -150,6 +154,7 @@ def settings(preset: Preset) -> list[Setting]:
     put("actor_rollout_ref.actor.entropy_coeff", a.entropy_coeff, "recipe.actor.entropy_coeff")
     put("actor_rollout_ref.actor.use_kl_loss", a.use_kl_loss, "recipe.actor.use_kl_loss")
     put("actor_rollout_ref.actor.kl_loss_coef", a.kl_loss_coef, "recipe.actor.kl_loss_coef")
+    put("actor_rollout_ref.actor.kl_loss_type", a.kl_loss_type, "recipe.actor.kl_loss_type")
     put("actor_rollout_ref.actor.ppo_mini_batch_size", a.ppo_mini_batch_size, "recipe.actor.ppo_mini_batch_size")
     put("actor_rollout_ref.actor.ppo_epochs", a.ppo_epochs, "recipe.actor.ppo_epochs")
     o = a.optim
@@ -182,6 +187,9 @@ def settings(preset: Preset) -> list[Setting]:
     put("trainer.resume_mode", t.resume_mode, "recipe.trainer.resume_mode")
     put("trainer.logger", list(t.logger), "recipe.trainer.logger")
     put("trainer.max_actor_ckpt_to_keep", t.max_ckpt_to_keep, "recipe.trainer.max_ckpt_to_keep")
+    put("trainer.log_val_generations", t.log_val_generations, "recipe.trainer.log_val_generations")
+    put("trainer.rollout_data_dir", t.rollout_data_dir, "recipe.trainer.rollout_data_dir")
+    put("trainer.validation_data_dir", t.validation_data_dir, "recipe.trainer.validation_data_dir")
     # placement
     put("trainer.nnodes", p.nodes, "placement.nodes")
     put("trainer.n_gpus_per_node", p.gpus_per_node, "placement.gpus_per_node")
@@ -274,8 +282,53 @@ def _override_key(text: str) -> str:
     return text.split("=", 1)[0].lstrip("+~").strip()
 
 
+# verl keys outside the preset that a passthrough override may set: read by code the DAPO loop runs -- verl's
+# workers (FSDP actor, reference), the vLLM servers and agent loop, verl's reward loop, Ray.
+PASSTHROUGH_ALLOWED = ("actor_rollout_ref", "model_engine", "ray_kwargs", "reward", "trainer.device",
+                       "trainer.ray_wait_register_center_timeout")  # fmt: skip
+_FIT_ONLY = "read only by verl's RayPPOTrainer.fit() / main_ppo, which the DAPO loop (dapo.loop) replaces"
+# Refused, most specific prefix first, each with the reason (the loop would accept and silently skip them).
+PASSTHROUGH_REFUSED: dict[str, str] = {
+    "actor_rollout_ref.rollout.full_determinism": f"{_FIT_ONLY}: main_ppo turns it into VERL_FULL_DETERMINISM / "
+    "VLLM_BATCH_INVARIANT / PYTHONHASHSEED before ray.init; set those in placement.env instead",
+    "algorithm.rollout_correction": f"{_FIT_ONLY}: rollout correction (importance weights / rejection sampling "
+    "against pi_rollout) is computed in fit(); the DAPO loop recomputes pi_old instead",
+    "global_profiler": f"{_FIT_ONLY}: the profiler is started and stopped around fit()'s steps",
+    "skip": f"{_FIT_ONLY}: verl's SkipManager is driven by fit()",
+    "trainer.esi_redundant_time": f"{_FIT_ONLY}: the expiry-driven save is decided in fit(); use "
+    "recipe.trainer.save_freq",
+    "data.filter_overlong_prompts": "verl's dataset filter: the loop reads recipe.data.train_files itself and "
+    "verl's agent loop left-truncates prompts longer than recipe.data.max_prompt_length",
+    "data": "verl's dataset and dataloader are not used: the loop reads recipe.data.* itself",
+    "algorithm": f"{_FIT_ONLY}: advantages, filtering and KL are the loop's (recipe.algorithm.*, "
+    "recipe.filter_groups.*, recipe.actor.use_kl_loss)",
+    "trainer": f"{_FIT_ONLY} (the loop's trainer settings are recipe.trainer.*)",
+    "critic": "GRPO advantages need no critic: verl builds none for this config",
+    "reward_model": "verl 0.9.1's main_ppo ignores the legacy reward_model.* keys (the reward is the loop's)",
+    "custom_reward_function": "the reward is the loop's (dapo.reward), not a custom verl reward function",
+    "sandbox_fusion": "the reward is the loop's (dapo.reward): no sandbox",
+    "distillation": f"{_FIT_ONLY}: no teacher model in the DAPO loop",
+    "transfer_queue": "TransferQueue belongs to verl's v1 trainer (trainer.use_v1 is false here)",
+}
+
+
+def _under(key: str, prefix: str) -> bool:
+    return key == prefix or key.startswith(prefix + ".")
+
+
+def passthrough_refusal(key: str) -> Optional[str]:
+    """Why a passthrough verl key is refused (None when the loop honours it). ``key`` has no Hydra prefix."""
+    for prefix in sorted(PASSTHROUGH_REFUSED, key=len, reverse=True):
+        if _under(key, prefix):
+            return PASSTHROUGH_REFUSED[prefix]
+    if any(_under(key, p) for p in PASSTHROUGH_ALLOWED):
+        return None
+    return f"'{key}' is no key the DAPO loop or verl's workers read (allowed: {', '.join(PASSTHROUGH_ALLOWED)})"
+
+
 def check_passthrough(preset: Preset, overrides: list[str] | tuple[str, ...]) -> None:
-    """Reject passthrough Hydra overrides of preset-owned keys, naming the preset key to set instead."""
+    """Reject passthrough Hydra overrides of preset-owned keys (naming the preset key to set instead) and of keys
+    the loop does not honour (:data:`PASSTHROUGH_REFUSED`, with the reason)."""
     owned = {s.key: s.source for s in settings(preset) if s.owned}
     for text in overrides:
         key = _override_key(text)
@@ -285,6 +338,9 @@ def check_passthrough(preset: Preset, overrides: list[str] | tuple[str, ...]) ->
                     f"verl override {text!r} sets '{verl_key}', which the preset owns: override '{source}' instead "
                     f"(e.g. {source}=...), so the loop, the manifests and verl agree"
                 )
+        why = passthrough_refusal(key)
+        if why is not None:
+            raise ConfigError(f"verl override {text!r} is refused: {why}")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -457,6 +513,13 @@ def resolve(preset: Preset, passthrough: list[str] | tuple[str, ...] = ()) -> Re
     if preset.placement.backend != "verl":
         raise ConfigError(f"preset {preset.name!r} has placement.backend={preset.placement.backend!r}, not 'verl'")
     check_passthrough(preset, passthrough)
+    if preset.recipe.data.truncation != "left":
+        raise ConfigError(
+            f"preset {preset.name!r}: 'recipe.data.truncation' is {preset.recipe.data.truncation!r}, but on the verl "
+            "backend verl's agent loop tokenizes the prompts and always left-truncates those longer than "
+            "recipe.data.max_prompt_length ('right' / 'error' are verl dataset options the loop does not use); "
+            "set recipe.data.truncation: left"
+        )
     overrides = hydra_overrides(preset) + list(passthrough)
     cfg = compose(overrides)
     notes = check_placement(preset, cfg, model_info(str(cfg.actor_rollout_ref.model.path)))

@@ -218,8 +218,9 @@ BEHAVIOUR: list[tuple[str, str]] = [
         "Rewards: our verifier, verl's reward loop as a cross-check",
         "The loop scores with `dapo.reward` (DAPO's rule-based verifier + soft overlong punishment; tests prove the "
         "same numbers as verl's `math_dapo` and `DAPORewardManager`), placed like verl on the last valid response "
-        "token. verl 0.9.1's reward loop (`reward.reward_manager.name=dapo`) still scores every rollout on the "
-        "workers; the agreement is logged as `reward/verl_agreement`.",
+        "token, once per response. verl 0.9.1's reward loop (`reward.reward_manager.name=dapo`) scores every "
+        "rollout again on the workers only with `recipe.reward.verl_agreement: true`; the agreement is then logged "
+        "as `reward/verl_agreement`.",
     ),
     (
         "Rollout stack of verl 0.9.1",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Any, Optional
 
 import numpy as np
@@ -65,8 +66,11 @@ class ScriptedBackend(Backend):
         n = sampling.n
         rows = [r for r in prompts for _ in range(n)]
         texts, lengths, trunc = [], [], []
+        rng = self.rng
+        if sampling.validation:  # like the local backend: its own stream, seeded from (not advancing) the training one
+            rng = np.random.default_rng(zlib.crc32(repr(self.rng.bit_generator.state).encode()))
         for k, r in enumerate(rows):
-            ok = self.rng.random() < r["extra_info"]["p"]
+            ok = rng.random() < r["extra_info"]["p"]
             texts.append(f"Answer: {r['reward_model']['ground_truth'] if ok else 'wrong'}")
             long = self.truncate_every and k % self.truncate_every == 0
             lengths.append(sampling.max_tokens if long else self.length)

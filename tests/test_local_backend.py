@@ -169,3 +169,52 @@ def test_bad_prompts_are_named(assets):
         be.encode_prompt(assets[2][0])
     with pytest.raises(ValueError, match="no 'prompt' column"):
         be.encode_prompt({"question": "x"})
+
+
+def test_kl_loss_uses_a_frozen_initial_reference_and_equals_verls_kl_term(assets):
+    from verl.trainer.ppo.core_algos import agg_loss as verl_agg_loss
+    from verl.trainer.ppo.core_algos import kl_penalty as verl_kl_penalty
+
+    over = ["recipe.actor.use_kl_loss=true", "recipe.actor.kl_loss_coef=0.5", "recipe.actor.kl_loss_type=k1",
+            "recipe.actor.ppo_mini_batch_size=4", "recipe.actor.optim.lr_warmup_steps=0",
+            "recipe.actor.optim.lr=0.05"]  # fmt: skip
+    be = _backend(assets, over)
+    assert be.ref_model is not None and not any(p.requires_grad for p in be.ref_model.parameters())
+    batch = be.generate(assets[2][:4], Sampling(n=3, max_tokens=6))
+    be.compute_old_log_probs(batch)
+    mask = batch.data["response_mask"].float()
+    # before any update the reference is the policy itself
+    torch.testing.assert_close(batch.data["ref_log_prob"], batch.data["old_log_prob"], atol=1e-6, rtol=0)
+    be.update(batch, np.linspace(-1, 1, len(batch)))  # the policy moves, the reference does not
+    initial_ref = batch.data["ref_log_prob"].clone()
+    be.compute_old_log_probs(batch)
+    torch.testing.assert_close(batch.data["ref_log_prob"], initial_ref, atol=1e-6, rtol=0)
+    old = batch.data["old_log_prob"]
+    assert not torch.allclose(old * mask, initial_ref * mask, atol=1e-4)
+    out = be.update(batch, np.zeros(len(batch)))
+    # one mini-batch, so its first forward is pi_old: the KL term is verl's agg_loss(kl_penalty(...)) over it
+    expect = verl_agg_loss(verl_kl_penalty(old, initial_ref, "k1"), mask, "token-mean")
+    assert out["actor/kl_loss"] == pytest.approx(float(expect), abs=1e-5) and out["actor/kl_coef"] == 0.5
+
+
+def test_a_mini_batch_with_no_valid_token_is_a_zero_gradient_optimizer_step(assets):
+    be = _backend(assets, ["recipe.reward.overlong_filter=true", "recipe.actor.optim.lr_warmup_steps=0"])
+    batch = be.generate(assets[2][:4], Sampling(n=3, max_tokens=4))
+    be.compute_old_log_probs(batch)
+    out = be.update(batch, np.linspace(-1, 1, len(batch)), loss_mask=np.zeros(len(batch), dtype=bool))
+    assert out["actor/pg_loss"] == 0.0 and out["actor/grad_norm"] == 0.0
+    # like verl with a zero loss: the optimizer still steps (AdamW's step count advances), nothing is NaN
+    assert out["actor/num_optimizer_steps"] == 2.0 and "actor/skipped_steps" not in out
+    assert all(int(s["step"]) == 2 for s in be.optimizer.state.values())
+    assert all(torch.isfinite(p).all() for p in be.model.parameters())
+
+
+def test_validation_sampling_does_not_advance_the_training_sampling_stream(assets):
+    be = _backend(assets)
+    before = be.generator.get_state().clone()
+    v1 = be.generate(assets[2][:3], Sampling(n=2, max_tokens=5, validation=True))
+    assert torch.equal(be.generator.get_state(), before)
+    v2 = be.generate(assets[2][:3], Sampling(n=2, max_tokens=5, validation=True))
+    assert v1.response_text == v2.response_text  # seeded from the (unchanged) training stream
+    be.generate(assets[2][:3], Sampling(n=2, max_tokens=5))
+    assert not torch.equal(be.generator.get_state(), before)

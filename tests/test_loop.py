@@ -135,6 +135,24 @@ def test_resume_continues_data_order_and_rng_exactly(tmp_path):
             assert ra[k] == rc[k], k
 
 
+def test_a_kill_between_the_checkpoint_and_the_step_record_still_logs_every_step_once(tmp_path):
+    """Checkpoints precede the step's validation and log record (verl's order): a resumed run logs the missing record
+    (validating first when due) and ends exactly like an uninterrupted run."""
+    a, _ = _loop(tmp_path / "a", ["recipe.trainer.save_freq=1"])
+    assert a.fit() == 0
+    b, _ = _loop(tmp_path / "b", ["recipe.trainer.save_freq=1", "recipe.trainer.total_training_steps=2"])
+    assert b.fit() == 0
+    path = tmp_path / "b" / "metrics.jsonl"
+    recs = read_jsonl(path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs if r["step"] != 2))  # killed before logging step 2
+    c, _ = _loop(tmp_path / "b", ["recipe.trainer.save_freq=1"], backend=ScriptedBackend(seed=99))
+    assert c.fit() == 0
+    clean = lambda r: {k: v for k, v in r.items() if not k.startswith("timing_s/") and k != "ts"}  # noqa: E731
+    got = [clean(r) for r in read_jsonl(path) if "timing_s/step" in r]
+    want = [clean(r) for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if "timing_s/step" in r]
+    assert [r["step"] for r in got] == [1, 2, 3] and got == want  # step 2's record has its validation too
+
+
 def test_prompt_stream_covers_each_epoch_once_and_restores_its_cursor():
     s = PromptStream(10, seed=3)
     first = np.concatenate([s.take(3) for _ in range(3)])

@@ -9,8 +9,10 @@ import torch
 
 from dapo.loss import (
     LOSS_AGG_MODES,
+    KL_PENALTIES,
     agg_loss,
     entropy_from_logits,
+    kl_penalty,
     log_probs_from_logits,
     overlong_filter_mask,
     policy_loss,
@@ -166,7 +168,7 @@ def test_clip_higher_is_decoupled_from_clip_low():
         (dict(clip_ratio_low=1.0), "clip_ratio_low"),
         (dict(clip_ratio_high=-0.1), "clip_ratio_high"),
         (dict(loss_agg_mode="token-sum-ish"), "loss_agg_mode"),
-        (dict(global_tokens=0), "global_tokens"),
+        (dict(global_tokens=-1), "global_tokens"),
         (dict(dp_size=2), "global_tokens"),
     ],
 )
@@ -189,6 +191,36 @@ def test_empty_mask_gives_zero_loss_not_nan():
     for mode in LOSS_AGG_MODES:
         loss, metrics = policy_loss(log_prob, old, adv, torch.zeros_like(mask), loss_agg_mode=mode)
         assert float(loss.detach()) == 0.0 and all(float(v) == 0.0 for v in metrics.values())
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_a_zero_global_count_gives_zero_loss_and_zero_gradient_not_nan(mode, as_tensor):
+    """A mini-batch whose responses are all overlong-filtered: every rank sees an empty mask, the global counts are
+    0, and the loss is 0 with a zero (finite) gradient -- verl divides by 0 there."""
+    log_prob, old, adv, mask = random_batch(0)
+    log_prob = log_prob.detach().clone().requires_grad_(True)
+    zero = torch.tensor(0.0) if as_tensor else 0
+    loss, _ = policy_loss(log_prob, old, adv, torch.zeros_like(mask), loss_agg_mode=mode, global_tokens=zero,
+                          global_seqs=zero, dp_size=4)  # fmt: skip
+    loss.backward()
+    assert float(loss.detach()) == 0.0
+    assert log_prob.grad is not None and torch.equal(log_prob.grad, torch.zeros_like(log_prob))
+
+
+@pytest.mark.parametrize("kind", [k for base in KL_PENALTIES for k in (base, base + "+")])
+def test_kl_penalty_equals_verls_kl_penalty_in_value_and_gradient(kind):
+    g = torch.Generator().manual_seed(3)
+    lp = (torch.randn(4, 9, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+    ref = torch.randn(4, 9, generator=g, dtype=torch.float64) * 3
+    lp_v = lp.detach().clone().requires_grad_(True)
+    ours, theirs = kl_penalty(lp, ref, kind), core_algos.kl_penalty(lp_v, ref, kind)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+    ours.sum().backward()
+    theirs.sum().backward()
+    torch.testing.assert_close(lp.grad, lp_v.grad, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="unknown KL estimator"):
+        kl_penalty(lp, ref, "k4")
 
 
 def test_overlong_filter_mask_zeroes_truncated_responses_only_when_enabled():

@@ -7,6 +7,8 @@ from our presets or code.
 
 from __future__ import annotations
 
+import re
+
 import json
 
 import pytest
@@ -182,8 +184,60 @@ def test_runtime_env_leaves_out_what_the_ray_job_already_sets_and_refuses_a_cont
 
 
 def test_passthrough_overrides_reach_verl(resolved):
-    r = verl_config.resolve(load_preset("full"), ["trainer.log_val_generations=10", "actor_rollout_ref.rollout.max_num_seqs=512"])
+    r = verl_config.resolve(load_preset("full", ["recipe.trainer.log_val_generations=10"]),
+                            ["actor_rollout_ref.rollout.max_num_seqs=512"])  # fmt: skip
     assert r.cfg.trainer.log_val_generations == 10 and r.cfg.actor_rollout_ref.rollout.max_num_seqs == 512
+
+
+@pytest.mark.parametrize(
+    "passthrough, match",
+    [
+        ("algorithm.rollout_correction.rollout_is=token", r"rollout correction"),
+        ("global_profiler.steps=[1,2]", r"profiler"),
+        ("skip.enable=true", r"SkipManager"),
+        ("trainer.esi_redundant_time=10", r"save_freq"),
+        ("actor_rollout_ref.rollout.full_determinism=true", r"placement\.env"),
+        ("data.filter_overlong_prompts=true", r"left-truncates"),
+        ("data.dataloader_num_workers=2", r"dataloader are not used"),
+        ("trainer.critic_warmup=2", r"RayPPOTrainer\.fit\(\)"),
+        ("algorithm.kl_ctrl.type=adaptive", r"KL are the loop's"),
+        # the generation dumps are preset keys now (honoured by both backends)
+        ("trainer.rollout_data_dir=/tmp/x", r"override 'recipe\.trainer\.rollout_data_dir'"),
+    ],
+)
+def test_passthrough_keys_the_loop_does_not_honour_are_refused_with_the_reason(passthrough, match):
+    with pytest.raises(ConfigError, match=match):
+        verl_config.resolve(load_preset("full"), [passthrough])
+
+
+def test_the_train_help_example_key_passes_through():
+    from dapo.train import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    example = re.search(r"e\.g\. (actor_rollout_ref\.\S+=\S+)", text).group(1)
+    assert verl_config.passthrough_refusal(example.split("=")[0]) is None
+    verl_config.resolve(load_preset("full"), [example])
+
+
+def test_use_kl_in_reward_and_non_left_truncation_are_refused():
+    with pytest.raises(ConfigError, match=r"use_kl_in_reward.*not implemented by the DAPO loop"):
+        load_preset("full", ["recipe.algorithm.use_kl_in_reward=true"])
+    with pytest.raises(ConfigError, match=r"truncation.*left-truncates"):
+        verl_config.resolve(load_preset("full", ["recipe.data.truncation=error"]))
+
+
+def test_use_kl_loss_and_greedy_validation_reach_verls_config():
+    over = ["recipe.actor.use_kl_loss=true", "recipe.actor.kl_loss_coef=0.001", "recipe.actor.kl_loss_type=k3+",
+            "recipe.rollout.val.do_sample=false"]
+    r = verl_config.resolve(load_preset("full", over))
+    a = r.cfg.actor_rollout_ref.actor
+    assert a.use_kl_loss and a.kl_loss_coef == 0.001 and a.kl_loss_type == "k3+"
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    assert need_reference_policy(r.cfg)  # verl builds the reference policy the loop now feeds
+    # the agent loop reads only temperature / top_p / top_k for validation: greedy = temperature 0
+    assert r.cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 0.0
+    assert not r.cfg.actor_rollout_ref.rollout.val_kwargs.do_sample
 
 
 # ---- bad input: a clear error naming the key, before any Ray / GPU ---------------------------------------------------

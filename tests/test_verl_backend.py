@@ -59,17 +59,23 @@ class CharTokenizer:
         special = {0: self.pad_token, 1: self.eos_token}
         return "".join(("" if skip_special_tokens else special[i]) if i in special else chr(i - 2) for i in ids)
 
+    def batch_decode(self, seqs, skip_special_tokens: bool = False) -> list[str]:
+        self.batch_decodes = getattr(self, "batch_decodes", 0) + 1
+        return [self.decode(s, skip_special_tokens=skip_special_tokens) for s in seqs]
+
 
 class CpuStandInWorkers:
     """STAND-IN for the GPU worker groups (``RayWorkers``): scripted responses, formula log-probs, recorded calls.
 
     Prompt groups (by uid) are all-correct, all-wrong or mixed (correct / wrong / a ramble that hits the length limit
-    without EOS), so dynamic sampling has groups to drop. ``rm_scores`` come from verl's own DAPO reward manager, as
-    verl's reward loop adds them on the real workers.
+    without EOS), so dynamic sampling has groups to drop. With ``reward_loop`` (``recipe.reward.verl_agreement``)
+    ``rm_scores`` come from verl's own DAPO reward manager, as verl's reward loop adds them on the real workers.
+    The replicas' state is modelled: generation needs them awake, the actor's passes need them asleep.
     """
 
-    def __init__(self, cfg, tokenizer, dp_size: int = 2):
-        self.cfg, self.tok, self.dp_size = cfg, tokenizer, dp_size
+    def __init__(self, cfg, tokenizer, dp_size: int = 2, reward_loop: bool = False):
+        self.cfg, self.tok, self.dp_size, self.reward_loop = cfg, tokenizer, dp_size, reward_loop
+        self.awake = False  # verl's init_workers ends with the replicas asleep
         self.P, self.R = int(cfg.data.max_prompt_length), int(cfg.data.max_response_length)
         self.calls: list[tuple] = []
         self.updates: list[DataProto] = []
@@ -87,6 +93,7 @@ class CpuStandInWorkers:
         return "blah " * self.R
 
     def generate_sequences(self, gen_batch: DataProto, validate: bool) -> DataProto:
+        assert self.awake, "generation with the replicas asleep"
         self.calls.append(("generate", len(gen_batch), validate))
         nt = gen_batch.non_tensor_batch
         n = len(gen_batch)
@@ -111,24 +118,35 @@ class CpuStandInWorkers:
             "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
             "rollout_log_probs": -0.3 * r_mask.float(),
         })  # fmt: skip
-        to_score = DataProto(batch=out.batch, non_tensor_batch={"reward_model": nt["reward_model"],
-                                                                 "data_source": nt["data_source"]})  # fmt: skip
-        scored = self.verl_reward(to_score, return_dict=True)
-        out.batch["rm_scores"] = scored["reward_tensor"]
-        for key, vals in scored["reward_extra_info"].items():
-            out.non_tensor_batch[key] = np.asarray(vals)
-        out.meta_info = {"reward_extra_keys": list(scored["reward_extra_info"]), "timing": {"agent_loop/x": 0.1}}
+        out.meta_info = {"timing": {"agent_loop/x": 0.1}}
+        if self.reward_loop:
+            to_score = DataProto(batch=out.batch, non_tensor_batch={"reward_model": nt["reward_model"],
+                                                                     "data_source": nt["data_source"]})  # fmt: skip
+            scored = self.verl_reward(to_score, return_dict=True)
+            out.batch["rm_scores"] = scored["reward_tensor"]
+            for key, vals in scored["reward_extra_info"].items():
+                out.non_tensor_batch[key] = np.asarray(vals)
+            out.meta_info["reward_extra_keys"] = list(scored["reward_extra_info"])
         return out
 
     def compute_log_prob(self, batch: DataProto) -> DataProto:
+        assert not self.awake, "log-probs with the replicas awake"
         self.calls.append(("compute_log_prob", len(batch)))
+        self.log_prob_batches = getattr(self, "log_prob_batches", []) + [batch]
         m = batch.batch["response_mask"].float()
         old = -0.05 * ((batch.batch["responses"] % 5) + 1).float() * m
         return DataProto.from_dict(tensors={"old_log_probs": old, "entropys": 0.5 * m})
 
+    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        assert not self.awake
+        self.calls.append(("compute_ref_log_prob", len(batch)))
+        m = batch.batch["response_mask"].float()
+        return DataProto.from_dict(tensors={"ref_log_prob": -0.04 * ((batch.batch["responses"] % 3) + 1).float() * m})
+
     def update_actor(self, batch: DataProto) -> dict[str, float]:
         """Runs the configured loss from verl's registry on every mini-batch, split over ``dp_size`` ranks like
         verl's dispatch (global token count shared), with a perturbed log-prob standing in for the new policy."""
+        assert not self.awake, "update with the replicas awake"
         self.calls.append(("update_actor", len(batch)))
         self.updates.append(batch)
         actor = omega_conf_to_dataclass(self.cfg.actor_rollout_ref.actor)  # what the worker builds from our config
@@ -153,13 +171,20 @@ class CpuStandInWorkers:
 
     def sync_weights(self, step: int) -> None:
         self.calls.append(("sync_weights", step))
+        self.awake = True
+
+    def sleep_replicas(self) -> None:
+        self.calls.append(("sleep",))
+        self.awake = False
 
     def save_checkpoint(self, directory: str, step: int) -> None:
+        assert not self.awake, "checkpoint with the replicas awake"
         Path(directory).mkdir(parents=True, exist_ok=True)
         (Path(directory) / "weights.txt").write_text(f"{step}\n")
         self.calls.append(("save", directory, step))
 
     def load_checkpoint(self, directory: str) -> None:
+        assert not self.awake
         self.calls.append(("load", directory, int((Path(directory) / "weights.txt").read_text())))
 
     def close(self) -> None:
@@ -218,9 +243,21 @@ def test_generate_returns_verl_batch_with_contiguous_uid_groups_and_response_mas
     assert all("<eos>" not in t for t in texts)  # special tokens stripped, like verl's reward manager
 
 
-def test_reward_is_placed_on_the_last_valid_token_exactly_like_verls_dapo_reward_manager(backend, setup):
+def _score(preset, backend, r, tmp_path):
+    """The loop's one scoring pass (DAPOLoop.score), which attaches the scores to the rollout."""
+    from dapo.loop import DAPOLoop
+
+    return DAPOLoop(preset, backend, _rows(8), [], tmp_path, progress=False, log=lambda m: None).score(r)
+
+
+def test_reward_is_placed_on_the_last_valid_token_exactly_like_verls_dapo_reward_manager(setup, tmp_path):
     preset, cfg = setup
+    tok = CharTokenizer()
+    backend = VerlBackend(cfg, preset, CpuStandInWorkers(cfg, tok, reward_loop=True), tok)
     r = backend.generate(_rows(6), _train_sampling(preset))
+    assert tok.batch_decodes == 1  # one batch_decode for the whole generation batch
+    _score(preset, backend, r, tmp_path)
+    agreement = backend.compute_old_log_probs(r)["reward/verl_agreement"]
     ours = r.data.batch["token_level_scores"]
     ob = OmegaConf.create({"enable": True, "len": 8, "penalty_factor": 1.0, "log": False})
     ref = DAPORewardManager(CharTokenizer(), num_examine=0, max_resp_len=32, overlong_buffer_cfg=ob)(r.data)
@@ -233,7 +270,7 @@ def test_reward_is_placed_on_the_last_valid_token_exactly_like_verls_dapo_reward
     assert np.all(r.stats["reward"][r.truncated] < -1.0)
     # verl's reward loop result (stand-in: verl's manager) is kept apart and agrees with ours
     assert "verl_rm_scores" in r.data.batch.keys() and "rm_scores" not in r.data.batch.keys()
-    assert backend.compute_old_log_probs(r)["reward/verl_agreement"] == 1.0
+    assert agreement == 1.0
 
 
 def test_truncated_means_length_limit_without_eos(backend, setup):
@@ -244,10 +281,12 @@ def test_truncated_means_length_limit_without_eos(backend, setup):
     assert r.truncated.tolist() == expect.tolist() and r.truncated.any() and not r.truncated.all()
 
 
-def test_select_and_concat_keep_dataproto_rows_aligned_with_the_rollout(backend, setup):
+def test_select_and_concat_keep_dataproto_rows_aligned_with_the_rollout(backend, setup, tmp_path):
     preset, _ = setup
     a = backend.generate(_rows(2), _train_sampling(preset), group_ids=[0, 1])
     b = backend.generate(_rows(2, start=2), _train_sampling(preset), group_ids=[2, 3])
+    _score(preset, backend, a, tmp_path)
+    _score(preset, backend, b, tmp_path)
     idx = np.array([7, 4, 5, 6])
     sel = backend.select(a, idx)
     assert sel.group_ids.tolist() == [1, 1, 1, 1]
@@ -256,13 +295,13 @@ def test_select_and_concat_keep_dataproto_rows_aligned_with_the_rollout(backend,
     both = backend.concat([sel, b])
     assert len(both) == len(both.data) == 4 + 2 * N
     assert both.data.non_tensor_batch["uid"].tolist() == ["1"] * 4 + ["2"] * N + ["3"] * N
-    assert torch.equal(both.data.batch["token_level_scores"][4:], b.data.batch["token_level_scores"])
+    assert torch.equal(both.data.batch["responses"][4:], b.data.batch["responses"])
     assert np.array_equal(both.stats["reward"][:4], a.stats["reward"][idx])
     with pytest.raises(IndexError):
         backend.select(a, np.array([2 * N]))
 
 
-def test_dynamic_sampling_keeps_varying_groups_and_truncates_to_train_batch_size_times_n(backend, setup):
+def test_dynamic_sampling_keeps_varying_groups_and_truncates_to_train_batch_size_times_n(backend, setup, tmp_path):
     preset, _ = setup
     d, fg = preset.recipe.data, preset.recipe.filter_groups
     sampler = DynamicSampler(train_batch_size=d.train_batch_size, n=N, enable=True, metric="acc",
@@ -272,7 +311,7 @@ def test_dynamic_sampling_keeps_varying_groups_and_truncates_to_train_batch_size
         r = backend.generate(_rows(d.gen_batch_size, start), _train_sampling(preset),
                              group_ids=list(range(start, start + d.gen_batch_size)))  # fmt: skip
         start += d.gen_batch_size
-        sampler.add(r.group_ids, r.stats["acc"], batch=r)
+        sampler.add(r.group_ids, _score(preset, backend, r, tmp_path)["acc"], batch=r)
     parts = sampler.selection()
     batch = backend.concat([backend.select(p.batch, p.indices) for p in parts])
     stats = sampler.finish_step()
@@ -310,7 +349,10 @@ def test_update_sends_token_level_advantages_and_masks_filtered_responses(backen
         assert sent.non_tensor_batch["uid"][j] == r.data.non_tensor_batch["uid"][i]
     # the rollout itself is untouched (the loop's scores and advantages stay aligned with it)
     assert torch.equal(r.data.batch["response_mask"].sum(-1), torch.as_tensor(r.response_length))
-    assert backend.workers.calls[-1] == ("sync_weights", 1) and backend.step == 1
+    # no weight sync after the update: the next generation syncs (after a save, if one is due)
+    assert backend.workers.calls[-1][0] == "update_actor" and backend.step == 1 and backend.num_syncs == 1
+    backend.generate(_rows(1), _train_sampling(preset))
+    assert [c for c in backend.workers.calls if c[0] == "sync_weights"] == [("sync_weights", 0), ("sync_weights", 1)]
 
 
 def test_balance_order_gives_each_rank_a_similar_token_load():
@@ -345,7 +387,7 @@ def test_the_dapo_loop_runs_and_resumes_on_the_verl_backend_over_the_stand_in(se
 
     preset, cfg = setup
     tok = CharTokenizer()
-    workers = CpuStandInWorkers(cfg, tok)
+    workers = CpuStandInWorkers(cfg, tok, reward_loop=True)
     train, val = _rows(60), _rows(5, start=100)
     logs: list[str] = []
     loop = DAPOLoop(preset, VerlBackend(cfg, preset, workers, tok), train, val, tmp_path, progress=False,
@@ -356,6 +398,11 @@ def test_the_dapo_loop_runs_and_resumes_on_the_verl_backend_over_the_stand_in(se
     assert any(c == ("generate", 5, True) for c in workers.calls)  # validation with the val sampling
     saves = [c for c in workers.calls if c[0] == "save"]
     assert [c[2] for c in saves] == [1, 2]
+    # one actor -> vLLM weight sync per step, save steps included, in verl's order: update, save, sync (then the
+    # validation and the next step's generations run on the synced replicas)
+    seq = [c[0] for c in workers.calls if c[0] in ("sync_weights", "update_actor", "save")]
+    assert seq == ["sync_weights", "update_actor", "save", "sync_weights", "update_actor", "save", "sync_weights"]
+    assert [c[1] for c in workers.calls if c[0] == "sync_weights"] == [0, 1, 2]
     import json
 
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -370,3 +417,31 @@ def test_the_dapo_loop_runs_and_resumes_on_the_verl_backend_over_the_stand_in(se
     loads = [c for c in workers2.calls if c[0] == "load"]
     assert len(loads) == 1 and loads[0][2] == 2
     assert [c[1] for c in workers2.calls if c[0] == "update_actor"] == [4 * N] and backend2.step == 3
+
+
+def test_a_resumed_run_seeds_the_rollout_engines_by_the_resume_step(setup, tmp_path):
+    from dapo import checkpoint as ckpt
+    from dapo.backends.verl import reseed_rollout_for_resume, resume_step
+
+    preset, cfg = setup
+    assert resume_step(preset, str(tmp_path)) == 0  # nothing to resume
+    ckpt.save(ckpt.checkpoint_root(tmp_path), 7, lambda d: None, {"step": 7})
+    assert resume_step(preset, str(tmp_path)) == 7
+    assert resume_step(load_preset("smoke", SMALL + ["recipe.trainer.resume_mode=disable"]), str(tmp_path)) == 0
+    c = OmegaConf.create(OmegaConf.to_container(cfg))
+    base = int(c.actor_rollout_ref.rollout.seed)
+    assert reseed_rollout_for_resume(c, 0) is None and c.actor_rollout_ref.rollout.seed == base
+    assert reseed_rollout_for_resume(c, 7) == base + 7 == c.actor_rollout_ref.rollout.seed
+
+
+def test_greedy_validation_reaches_the_agent_loop_as_temperature_zero(tmp_path):
+    preset = load_preset("smoke", SMALL + ["recipe.rollout.val.do_sample=false"])
+    cfg = verl_config.resolve(preset).cfg
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 0.0
+    tok = CharTokenizer()
+    backend = VerlBackend(cfg, preset, CpuStandInWorkers(cfg, tok), tok)
+    from dapo.loop import DAPOLoop
+
+    loop = DAPOLoop(preset, backend, _rows(8), _rows(2), tmp_path, progress=False, log=lambda m: None)
+    backend.generate(_rows(2), loop.val_sampling)  # the loop's rollout.val sampling: do_sample false
+    assert backend.workers.calls[-1] == ("generate", 2 * preset.recipe.rollout.val.n, True)

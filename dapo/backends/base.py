@@ -39,6 +39,8 @@ class Sampling:
     top_k: int = -1
     do_sample: bool = True
     max_tokens: int = 16
+    # a validation request (the loop's rollout.val sampling): backends draw it from its own random stream
+    validation: bool = False
 
 
 @dataclass

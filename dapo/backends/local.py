@@ -17,6 +17,10 @@ cluster):
   follows verl's ``constant`` schedule with linear warm-up, stepped once per rollout step:
   ``lr_s = lr * min(1, s / lr_warmup_steps)`` for the s-th update call (0-based; so the very first update runs at
   lr 0 when warm-up is on, exactly as verl 0.9.1). ``actor/lr`` is the rate the update used.
+- ``recipe.actor.use_kl_loss``: a frozen copy of the initial model is the reference policy; its log-probs are computed
+  after pi_old and ``kl_loss_coef * agg_loss(kl_penalty(log_prob, ref_log_prob, kl_loss_type), mask)`` is added to
+  the loss, as verl's ``ppo_loss`` does. A mini-batch with no valid token (all overlong-filtered) is a zero-gradient
+  optimizer step, as in verl with the DAPO loss.
 - checkpoints: the weights as a HF model directory (``actor/``, loadable with ``from_pretrained``) and the optimizer,
   scheduler and sampling-generator states (``actor_state.pt``).
 
@@ -26,10 +30,12 @@ cluster):
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Optional
 
@@ -37,7 +43,7 @@ import numpy as np
 import torch
 
 from dapo.backends.base import Backend, Rollout, Sampling
-from dapo.loss import agg_loss, entropy_from_logits, log_probs_from_logits, masked_mean, policy_loss
+from dapo.loss import agg_loss, entropy_from_logits, kl_penalty, log_probs_from_logits, masked_mean, policy_loss
 
 __all__ = ["LocalBackend", "resolve_device", "run"]
 
@@ -185,6 +191,7 @@ class LocalBackend(Backend):
         "response_ids": (None, False),
         "response_mask": (0, False),
         "old_log_prob": (0.0, False),
+        "ref_log_prob": (0.0, False),
     }
 
     def __init__(
@@ -216,13 +223,14 @@ class LocalBackend(Backend):
             self.model.gradient_checkpointing_enable()
         self.model.eval()
         a = recipe.actor
-        if a.use_kl_loss or a.kl_loss_coef:
-            raise ValueError(
-                "recipe.actor.use_kl_loss: the local backend has no reference policy; DAPO uses no KL term "
-                "(set use_kl_loss: false, kl_loss_coef: 0)"
-            )
-        if recipe.algorithm.use_kl_in_reward:
-            raise ValueError("recipe.algorithm.use_kl_in_reward: not supported by the local backend (DAPO uses none)")
+        if recipe.algorithm.use_kl_in_reward:  # dapo.config.validate refuses it already; never silently ignore it
+            raise ValueError("recipe.algorithm.use_kl_in_reward: not implemented by the DAPO loop (use use_kl_loss)")
+        # use_kl_loss: a frozen copy of the initial policy is the reference policy (verl's RefPolicy role); it is
+        # never trained nor checkpointed (a resumed run rebuilds it from recipe.model.path, as verl does)
+        self.ref_model = None
+        if a.use_kl_loss:
+            self.ref_model = copy.deepcopy(self.model).eval()
+            self.ref_model.requires_grad_(False)
         if micro_batch_size < 1:
             raise ValueError(f"local.micro_batch_size must be >= 1, got {micro_batch_size}")
         self.micro_batch_size = micro_batch_size
@@ -326,7 +334,7 @@ class LocalBackend(Backend):
         return tok, ent, prob
 
     @torch.no_grad()
-    def _generate_chunk(self, prompt_ids: list[list[int]], s: Sampling):
+    def _generate_chunk(self, prompt_ids: list[list[int]], s: Sampling, gen: torch.Generator):
         n, dev = s.n, self.device
         ids, p_mask = _left_pad([torch.tensor(p, dtype=torch.long) for p in prompt_ids], self.pad_id)
         ids, p_mask = ids.to(dev), p_mask.to(dev)
@@ -347,7 +355,7 @@ class LocalBackend(Backend):
         eos = torch.tensor(sorted(self.eos_ids), device=dev)
         toks, ents, probs = [], [], []
         for _ in range(s.max_tokens):
-            tok, ent, prob = self._sample(logits, s, self.generator)
+            tok, ent, prob = self._sample(logits, s, gen)
             tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
             toks.append(tok)
             ents.append(torch.where(finished, torch.zeros_like(ent), ent))
@@ -390,8 +398,15 @@ class LocalBackend(Backend):
         parts = []
         was_training = self.model.training
         self.model.eval()
+        gen = self.generator
+        if sampling.validation:
+            # validation draws from its own stream, seeded from (without advancing) the training generator: the
+            # training samples after a validation -- or after a resume from a checkpoint saved before that
+            # validation -- do not depend on it
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(zlib.crc32(self.generator.get_state().numpy().tobytes()))
         for start in range(0, len(prompts), per_chunk):
-            parts.append(self._generate_chunk(encoded[start : start + per_chunk], sampling))
+            parts.append(self._generate_chunk(encoded[start : start + per_chunk], sampling, gen))
         self.model.train(was_training)
         P = max(p[0].shape[1] for p in parts)
         R = max(p[2].shape[1] for p in parts)
@@ -448,14 +463,15 @@ class LocalBackend(Backend):
         return Rollout.join(rollouts, data)
 
     # ---------------------------------------------------------------------------------------------------------------
-    def _forward_response(self, data: dict[str, torch.Tensor], idx: torch.Tensor, temperature: float):
+    def _forward_response(self, data: dict[str, torch.Tensor], idx: torch.Tensor, temperature: float, model=None):
         """Logits (/ temperature) aligned with the response tokens of rows ``idx``, trimmed to the needed width."""
         r_ids, r_mask = data["response_ids"][idx], data["response_mask"][idx]
         keep_r = max(1, int(r_mask.sum(1).max()))
         r_ids, r_mask = r_ids[:, :keep_r].to(self.device), r_mask[:, :keep_r].to(self.device)
         with self.autocast():
             logits, last, _, _, computed = prompt_forward(
-                self.model, data["prompt_ids"][idx].to(self.device), data["prompt_mask"][idx].to(self.device), r_ids,
+                model if model is not None else self.model, data["prompt_ids"][idx].to(self.device),
+                data["prompt_mask"][idx].to(self.device), r_ids,
                 share_prefix=self.share_prefix,
             )
         self._computed_tokens += computed
@@ -484,10 +500,17 @@ class LocalBackend(Backend):
         mask = data["response_mask"]
         old = old * mask
         data["old_log_prob"] = old
-        return {
+        out = {
             "actor/entropy": float(agg_loss(ent, mask, self.recipe.actor.loss_agg_mode)),
             "actor/mean_prob": float(masked_mean(old.exp(), mask)),
         }
+        if self.ref_model is not None:  # verl: reference log-probs after pi_old, before the update
+            ref = torch.zeros((N, R), dtype=torch.float32)
+            for idx in self._micro_batches(range(N)):
+                logits, r_ids, _, w = self._forward_response(data, idx, self.recipe.rollout.temperature, self.ref_model)
+                ref[idx, :w] = log_probs_from_logits(logits, r_ids).cpu()
+            data["ref_log_prob"] = ref * mask
+        return out
 
     def update(
         self, batch: Rollout, advantages: np.ndarray, loss_mask: Optional[np.ndarray] = None
@@ -505,6 +528,10 @@ class LocalBackend(Backend):
         mini = a.ppo_mini_batch_size * self.recipe.rollout.n
         lr_used = self.optimizer.param_groups[0]["lr"]
         stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")}
+        if a.use_kl_loss:
+            if "ref_log_prob" not in data:
+                raise RuntimeError("use_kl_loss: update() needs the reference log-probs of compute_old_log_probs()")
+            stats["kl_loss"] = []
         grad_norms, skipped, steps = [], 0, 0
         t0 = time.perf_counter()
         computed0 = self._computed_tokens
@@ -515,11 +542,16 @@ class LocalBackend(Backend):
                 mb_mask = rmask_all[rows]
                 mb_tokens = float(mb_mask.sum())
                 mb_seqs = float((mb_mask.sum(1) > 0).sum())
-                if mb_tokens == 0:  # everything filtered (e.g. overlong filtering): nothing to learn from
-                    continue
                 self.optimizer.zero_grad(set_to_none=True)
-                mb_loss = 0.0
-                for idx in self._micro_batches(rows):
+                mb_loss = mb_kl = 0.0
+                if mb_tokens == 0:
+                    # every response masked (e.g. all truncated under overlong filtering): the loss is 0 with a zero
+                    # gradient (dapo.loss), so skip the forward passes but take the optimizer step verl takes with
+                    # zero gradients (AdamW moments and weight decay still advance)
+                    for prm in self.model.parameters():
+                        if prm.requires_grad:
+                            prm.grad = torch.zeros_like(prm)
+                for idx in self._micro_batches(rows if mb_tokens > 0 else []):
                     logits, r_ids, _, w = self._forward_response(data, idx, self.recipe.rollout.temperature)
                     log_prob = log_probs_from_logits(logits, r_ids)
                     m = rmask_all[idx, :w].to(self.device)
@@ -542,6 +574,16 @@ class LocalBackend(Backend):
                             global_tokens=mb_tokens if glob else None, global_seqs=mb_seqs if glob else None,
                         )
                         loss = loss - a.entropy_coeff * (ent_loss if glob else ent_loss * (len(idx) / len(rows)))
+                    if a.use_kl_loss:  # verl's ppo_loss: + kl_loss_coef * agg(kl_penalty(log_prob, ref), mask)
+                        ref = data["ref_log_prob"][idx, :w].to(self.device)
+                        kl_loss = agg_loss(
+                            kl_penalty(log_prob, ref, a.kl_loss_type), m, a.loss_agg_mode,
+                            global_tokens=mb_tokens if glob else None, global_seqs=mb_seqs if glob else None,
+                        )
+                        if not glob:
+                            kl_loss = kl_loss * (len(idx) / len(rows))
+                        loss = loss + a.kl_loss_coef * kl_loss
+                        mb_kl += float(kl_loss.detach())
                     loss.backward()
                     mb_loss += float(loss.detach())
                     for k in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
@@ -556,6 +598,8 @@ class LocalBackend(Backend):
                 self.optimizer.zero_grad(set_to_none=True)
                 grad_norms.append(gn)
                 stats["pg_loss"].append(mb_loss)
+                if a.use_kl_loss:
+                    stats["kl_loss"].append(mb_kl)
         self.scheduler.step()
         self.model.eval()
         self.counters["update_tokens"] += self._computed_tokens - computed0
@@ -563,6 +607,8 @@ class LocalBackend(Backend):
         out = {f"actor/{k}": float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
         out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
         out["actor/lr"] = float(lr_used)
+        if a.use_kl_loss:
+            out["actor/kl_coef"] = float(a.kl_loss_coef)
         out["actor/num_optimizer_steps"] = float(steps)
         if skipped:
             out["actor/skipped_steps"] = float(skipped)

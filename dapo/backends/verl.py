@@ -18,11 +18,17 @@ implements :class:`dapo.backends.base.Backend` over verl's GPU workers:
   reordered for balanced data-parallel work (verl's ``balance_batch``), then ``update_actor`` with our loss
   (``loss_mode=dapo``, :mod:`dapo.backends.verl_loss`).
 
-Rewards: :func:`dapo.reward.score_responses` (DAPO's verifier + soft overlong punishment; the same numbers as verl's
-``dapo`` reward manager) on the decoded responses; the reward ``R_i`` is placed like verl on the last valid response
-token (``token_level_scores[i, L_i - 1] = R_i``, no KL in reward: ``token_level_rewards = token_level_scores``).
-verl's own reward loop (``reward.reward_manager.name=dapo``) still scores the rollout on the workers; its result is
-kept as ``verl_rm_scores`` and compared (``reward/verl_agreement``), a live check that both verifiers agree.
+Rewards: the loop scores every response once (:func:`dapo.reward.score_responses`: DAPO's verifier + soft overlong
+punishment, the same numbers as verl's ``dapo`` reward manager) on the texts this backend decodes in one
+``batch_decode``; the scores travel in ``Rollout.stats`` and are placed like verl on the last valid response token
+(``token_level_scores[i, L_i - 1] = R_i``; no KL in reward: ``token_level_rewards = token_level_scores``). verl's own
+reward loop (``reward.reward_manager.name=dapo``) scores the rollout on the workers only with
+``recipe.reward.verl_agreement: true``; its result is then kept as ``verl_rm_scores`` and compared
+(``reward/verl_agreement``), a live check that both verifiers agree.
+
+Weights: one actor -> vLLM sync per step, in verl's fit() order -- generate, sleep the replicas, log-probs (and
+reference log-probs with ``use_kl_loss``), update, save (when due), then ``update_weights`` before the next generation
+or validation. The backend tracks the step whose weights the replicas hold apart from whether they are awake.
 
 :func:`run` is the ``dapo train`` entrypoint for ``placement.backend: verl``: it resolves and validates verl's config
 (:mod:`dapo.verl_config`) before anything touches Ray, prints it, and (unless ``--dry-run``) trains.
@@ -56,20 +62,27 @@ class VerlWorkers(Protocol):
     """
 
     dp_size: int  # the actor's data-parallel size (world / ulysses_sp)
+    awake: bool  # the rollout replicas hold weights and KV cache (a sleep discards both: vLLM sleep level 2)
 
     def generate_sequences(self, gen_batch: Any, validate: bool) -> Any:
         """One response per row of ``gen_batch`` (rows already repeated ``n`` times) with the config's train or
         validation sampling; returns prompts/responses/response_mask/input_ids/attention_mask/position_ids
-        (+ ``rm_scores`` and reward extra info when verl's reward loop scored them)."""
+        (+ ``rm_scores`` and reward extra info when verl's reward loop scored them). Needs awake replicas."""
 
     def compute_log_prob(self, batch: Any) -> Any:
         """``old_log_probs`` and ``entropys`` ``[N, R]`` under the current weights (no grad)."""
+
+    def compute_ref_log_prob(self, batch: Any) -> Any:
+        """``ref_log_prob`` ``[N, R]`` under the reference policy (the initial weights; only with a KL loss)."""
 
     def update_actor(self, batch: Any) -> dict[str, float]:
         """``ppo_epochs`` x mini-batches of the configured policy loss; returns reduced ``actor/*`` metrics."""
 
     def sync_weights(self, step: int) -> None:
-        """Push the trainer's weights to the rollout replicas (after an update or a checkpoint load)."""
+        """Push the actor's weights to the rollout replicas, waking them (verl's ``update_weights``)."""
+
+    def sleep_replicas(self) -> None:
+        """Free the replicas' GPU memory (weights and KV cache) for the actor's passes."""
 
     def save_checkpoint(self, directory: str, step: int) -> None: ...
 
@@ -117,7 +130,7 @@ def response_lengths(data: Any) -> torch.Tensor:
 
 def place_scores(data: Any, rewards: Any) -> None:
     """verl's reward placement: ``token_level_scores[i, L_i - 1] = R_i`` (last valid response token), zeros elsewhere;
-    ``token_level_rewards`` = ``token_level_scores`` (DAPO has no KL in the reward)."""
+    ``token_level_rewards`` = ``token_level_scores`` (no KL in the reward: ``use_kl_in_reward`` is refused)."""
     r = torch.as_tensor(np.asarray(rewards, dtype=np.float32)).reshape(-1)
     lengths = response_lengths(data)
     if r.shape[0] != lengths.shape[0]:
@@ -173,6 +186,30 @@ class VerlBackend(Backend):
         self.step = 0  # actor updates done (verl's global step for checkpoints and weight sync)
         self._next_gid = 0
         self._pending: dict[str, list[float]] = {}  # generation-side metrics, reported with the next step
+        # "the replicas hold the weights of actor step N" (None: not synced since start / load); kept apart from
+        # workers.awake because a sleep discards the weights while an update only makes them stale
+        self._rollout_step: Optional[int] = None
+        self.num_syncs = 0  # actor -> rollout weight transfers so far (one per step: tests count them)
+        self.use_kl_loss = bool(self.cfg.actor_rollout_ref.actor.use_kl_loss)
+        if bool(self.cfg.algorithm.use_kl_in_reward):
+            raise ConfigError("algorithm.use_kl_in_reward: not implemented by the DAPO loop (use recipe.actor."
+                              "use_kl_loss); refusing a config the loop would silently ignore")
+
+    # -- the rollout / trainer hand-over (verl's fit: generate, sleep, log-probs, update, save, update_weights) -------
+    def _rollout_ready(self) -> None:
+        """Replicas awake with the current actor weights: one ``update_weights`` when stale or asleep."""
+        if self.workers.awake and self._rollout_step == self.step:
+            return
+        t0 = time.perf_counter()
+        self.workers.sync_weights(self.step)
+        self._rollout_step = self.step
+        self.num_syncs += 1
+        self._note("timing_s/update_weights", time.perf_counter() - t0)
+
+    def _trainer_ready(self) -> None:
+        """Replicas asleep, so the actor's passes (log-probs, update, checkpoint) have the GPU memory."""
+        if self.workers.awake:
+            self.workers.sleep_replicas()
 
     # -- generation --------------------------------------------------------------------------------------------------
     def _is_validation(self, s: Sampling) -> bool:
@@ -182,7 +219,8 @@ class VerlBackend(Backend):
             return abs(float(a) - float(b)) < 1e-9
 
         def matches(n, t, p, k, do_sample) -> bool:
-            return (int(s.n) == int(n) and same(s.temperature, t) and same(s.top_p, p) and int(s.top_k) == int(k)
+            temp = s.temperature if s.do_sample else 0.0  # do_sample false = greedy = temperature 0 (verl_config)
+            return (int(s.n) == int(n) and same(temp, t) and same(s.top_p, p) and int(s.top_k) == int(k)
                     and bool(s.do_sample) == bool(do_sample))  # fmt: skip
 
         if matches(ro.n, ro.temperature, ro.top_p, ro.top_k, ro.do_sample):
@@ -252,6 +290,7 @@ class VerlBackend(Backend):
             "validate": validate,
             "global_steps": self.step,
         })  # fmt: skip
+        self._rollout_ready()
         out = self.workers.generate_sequences(gen_batch.repeat(repeat_times=n, interleave=True), validate=validate)
         out = self._own_output(out)
         data = batch.repeat(repeat_times=n, interleave=True).union(out)
@@ -277,45 +316,27 @@ class VerlBackend(Backend):
         return out
 
     def _rollout(self, data: Any, rows: list[dict[str, Any]], group_ids: np.ndarray) -> Rollout:
-        from dapo.reward import score_responses
-
+        """The responses decoded in one ``batch_decode``; the loop scores them (once) and the scores travel in
+        ``Rollout.stats`` to :meth:`update`, which places them as ``token_level_scores``."""
         resp = data.batch["responses"]
         lengths = response_lengths(data)
         L = lengths.cpu().numpy().astype(np.int64)
-        texts = []
-        last_tok = []
-        for i in range(resp.shape[0]):
-            ids = resp[i, : int(L[i])].tolist()
-            last_tok.append(ids[-1] if ids else None)
-            texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+        rows_ids = resp.cpu().tolist()
+        ids = [r[: int(n)] for r, n in zip(rows_ids, L)]
+        texts = list(self.tokenizer.batch_decode(ids, skip_special_tokens=True))
         max_len = int(self.cfg.data.max_response_length)
-        truncated = np.asarray([int(L[i]) >= max_len and last_tok[i] not in self.eos_token_ids for i in range(len(L))])
-        ob = self.recipe.reward.overlong_buffer
-        scored = score_responses(
-            texts,
-            [r["reward_model"]["ground_truth"] for r in rows],
-            L,
-            max_response_length=max_len,
-            overlong_buffer_len=ob.len,
-            overlong_penalty_factor=ob.penalty_factor,
-            overlong_enable=ob.enable,
-        )
-        place_scores(data, scored["reward"])
+        eos = self.eos_token_ids
+        truncated = np.asarray([int(n) >= max_len and (not t or t[-1] not in eos) for n, t in zip(L, ids)], dtype=bool)
         prompt_len = data.batch["prompts"].shape[-1]
         stats: dict[str, np.ndarray] = {
             "prompt_length": data.batch["attention_mask"][:, :prompt_len].sum(-1).cpu().numpy().astype(np.float64),
-            "reward": np.asarray(scored["reward"], dtype=np.float64),
-            "score": np.asarray(scored["score"], dtype=np.float64),
-            "acc": np.asarray(scored["acc"], dtype=bool),
         }
         if "rollout_log_probs" in data.batch.keys():
             m = data.batch["response_mask"].float()
             p = (data.batch["rollout_log_probs"].float().exp() * m).sum(-1) / m.sum(-1).clamp(min=1.0)
             stats["mean_prob"] = p.cpu().numpy().astype(np.float64)
-        if "verl_rm_scores" in data.batch.keys():
-            verl_reward = data.batch["verl_rm_scores"].sum(-1).cpu().numpy().astype(np.float64)
-            stats["verl_reward"] = verl_reward
-            self._note("reward/verl_agreement", float(np.mean(np.abs(verl_reward - stats["reward"]) < 1e-5)))
+        if "verl_rm_scores" in data.batch.keys():  # recipe.reward.verl_agreement: verl's reward loop scored too
+            stats["verl_reward"] = data.batch["verl_rm_scores"].sum(-1).cpu().numpy().astype(np.float64)
         return Rollout(
             group_ids=group_ids,
             prompt_rows=rows,
@@ -357,18 +378,50 @@ class VerlBackend(Backend):
         return Rollout.join(rollouts, _dataproto().concat([r.data for r in rollouts]))
 
     # -- pi_old and the update ---------------------------------------------------------------------------------------
+    def _balanced(self, data: Any) -> tuple[Any, Optional[np.ndarray], dict[str, float]]:
+        """A copy of ``data`` in verl's balanced data-parallel order (``trainer.balance_batch``) and that order."""
+        if not bool(self.cfg.trainer.balance_batch):
+            return data, None, {}
+        order, bal = balance_order(data.batch["attention_mask"], int(self.workers.dp_size))
+        if np.array_equal(order, np.arange(len(order))):
+            return data, None, bal
+        sent = data[torch.as_tensor(order)]
+        sent.meta_info = dict(data.meta_info)
+        sent.meta_info["global_token_num"] = torch.sum(sent.batch["attention_mask"], dim=-1).tolist()
+        return sent, order, bal
+
+    @staticmethod
+    def _unbalance(t: torch.Tensor, order: Optional[np.ndarray]) -> torch.Tensor:
+        """Rows of a pass over the balanced copy, back in the batch's own order."""
+        if order is None:
+            return t
+        return t[torch.as_tensor(np.argsort(order))]
+
     def compute_old_log_probs(self, batch: Rollout) -> dict[str, float]:
+        """pi_old (and, with a KL loss, the reference log-probs) over a balanced copy of the batch, as verl's fit()
+        balances before ``compute_log_prob``; the outputs come back in the batch's order."""
         data = batch.data
-        for k in ("old_log_probs", "entropys"):
+        for k in ("old_log_probs", "entropys", "ref_log_prob"):
             if k in data.batch.keys():
                 data.batch.pop(k)
+        if "reward" in batch.stats:
+            place_scores(data, batch.stats["reward"])
+            if "verl_reward" in batch.stats:
+                agree = np.abs(np.asarray(batch.stats["verl_reward"]) - np.asarray(batch.stats["reward"])) < 1e-5
+                self._note("reward/verl_agreement", float(np.mean(agree)))
         data.meta_info["global_token_num"] = torch.sum(data.batch["attention_mask"], dim=-1).tolist()
-        out = self.workers.compute_log_prob(data)
-        old, ent = out.batch["old_log_probs"].float(), out.batch["entropys"].float()
+        self._trainer_ready()
+        sent, order, _ = self._balanced(data)
+        out = self.workers.compute_log_prob(sent)
+        old = self._unbalance(out.batch["old_log_probs"].float(), order)
+        ent = self._unbalance(out.batch["entropys"].float(), order)
         mask = data.batch["response_mask"]
         if old.shape != mask.shape:
             raise ValueError(f"compute_log_prob returned {tuple(old.shape)}, expected {tuple(mask.shape)}")
         data.batch["old_log_probs"] = old
+        if self.use_kl_loss:  # verl's fit(): reference log-probs after pi_old, before the update
+            ref = self.workers.compute_ref_log_prob(sent)
+            data.batch["ref_log_prob"] = self._unbalance(ref.batch["ref_log_prob"].float(), order)
         metrics = self._flush_notes()
         metrics.update({
             "actor/entropy": float(agg_loss(ent, mask, self.recipe.actor.loss_agg_mode)),
@@ -380,6 +433,8 @@ class VerlBackend(Backend):
         data = batch.data
         if "old_log_probs" not in data.batch.keys():
             raise RuntimeError("update() before compute_old_log_probs(): pi_old must be recomputed first")
+        if self.use_kl_loss and "ref_log_prob" not in data.batch.keys():
+            raise RuntimeError("use_kl_loss: update() needs the reference log-probs of compute_old_log_probs()")
         n = len(batch)
         adv = torch.as_tensor(np.asarray(advantages, dtype=np.float32)).reshape(-1)
         if adv.shape[0] != n:
@@ -402,16 +457,15 @@ class VerlBackend(Backend):
             order, bal = balance_order(upd.batch["attention_mask"], int(self.workers.dp_size))
             upd.reorder(torch.as_tensor(order))
             metrics.update(bal)
+        self._trainer_ready()
         metrics.update(self.workers.update_actor(upd))
-        self.step += 1
-        t0 = time.perf_counter()
-        self.workers.sync_weights(self.step)
-        metrics["timing_s/update_weights"] = time.perf_counter() - t0
+        self.step += 1  # the replicas are stale now; the next generate() syncs them once (after any save)
         return metrics
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
+        self._trainer_ready()
         self.workers.save_checkpoint(os.path.join(directory, "actor"), self.step)
         with open(os.path.join(directory, "verl_backend.txt"), "w") as f:
             f.write(f"step {self.step}\nnext_gid {self._next_gid}\n")
@@ -420,14 +474,15 @@ class VerlBackend(Backend):
         actor = os.path.join(directory, "actor")
         if not os.path.isdir(actor):
             raise FileNotFoundError(f"{directory}: no actor/ checkpoint written by the verl backend")
+        self._trainer_ready()
         self.workers.load_checkpoint(actor)
+        self._rollout_step = None  # the replicas hold other weights now: the next generate() syncs
         state = os.path.join(directory, "verl_backend.txt")
         if os.path.exists(state):
             with open(state) as f:
                 kv = dict(line.split() for line in f if line.strip())
             self.step = int(kv.get("step", self.step))
             self._next_gid = int(kv.get("next_gid", self._next_gid))
-        self.workers.sync_weights(self.step)
 
     def close(self) -> None:
         self.workers.close()
@@ -443,26 +498,22 @@ class RayWorkers:
 
     Role mapping and resource pool come from verl's non-v1 ``main_ppo_v0.BaseTaskRunner`` (hybrid
     ActorRollout[Ref] worker over ``trainer.nnodes x n_gpus_per_node`` GPUs; the fused reference policy only when
-    ``need_reference_policy``); ``RayPPOTrainer.init_workers`` then spawns the workers, the vLLM replicas, the
-    agent-loop rollout manager, verl's reward loop and the checkpoint engine. Our subclass skips verl's dataloaders
-    (the DAPO loop owns the data) but keeps their side effect: the optimizer's ``total_training_steps``.
+    ``need_reference_policy``, i.e. with ``use_kl_loss``); ``RayPPOTrainer.init_workers`` then spawns the workers,
+    the vLLM replicas, the agent-loop rollout manager, verl's reward loop and the checkpoint engine. Our subclass
+    skips verl's dataloaders (the DAPO loop owns the data) but keeps their side effect: the optimizer's
+    ``total_training_steps``. Unless ``verl_agreement`` is on, the agent loop gets no reward-loop workers: the loop
+    scores every response once on the driver (verl's reward loop would score each one again).
 
-    Rollout replicas sleep while the actor computes log-probs / updates and wake (with fresh weights) before the next
-    generation, as in ``RayPPOTrainer.fit``.
+    The log-prob, reference and update passes are verl's own ``RayPPOTrainer`` methods (``_compute_old_log_prob``,
+    ``_compute_ref_log_prob``, ``_update_actor``); :class:`VerlBackend` decides when the replicas sleep and when the
+    weights are synced (verl's fit() order: generate, sleep, log-probs, update, save, ``update_weights``).
     """
 
-    def __init__(self, cfg: Any, total_training_steps: int):
-        from omegaconf import OmegaConf, open_dict
+    def __init__(self, cfg: Any, total_training_steps: int, *, verl_agreement: bool = False):
+        from omegaconf import OmegaConf
 
         from verl.trainer.main_ppo_v0 import BaseTaskRunner
-        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
         from verl.utils.config import omega_conf_to_dataclass
-
-        class _DapoRayTrainer(RayPPOTrainer):
-            def _create_dataloader(self, *args: Any, **kwargs: Any) -> None:
-                self.total_training_steps = total_training_steps
-                with open_dict(self.config):
-                    self.config.actor_rollout_ref.actor.optim.total_training_steps = total_training_steps
 
         OmegaConf.resolve(cfg)  # as verl's TaskRunner.run does before building anything
         runner = BaseTaskRunner()
@@ -473,7 +524,7 @@ class RayWorkers:
         self.tokenizer = model_config.tokenizer
         gen_eos = getattr(model_config.generation_config, "eos_token_id", None)
         self.eos_token_ids = set(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos] if gen_eos is not None else [])
-        self.trainer = _DapoRayTrainer(
+        trainer = dapo_trainer_class(total_training_steps, verl_agreement)(
             config=cfg,
             tokenizer=self.tokenizer,
             processor=model_config.processor,
@@ -481,17 +532,34 @@ class RayWorkers:
             resource_pool_manager=pool,
             ray_worker_group_cls=wg_cls,
         )
-        self.trainer.init_workers()  # ends with the rollout replicas asleep
+        trainer.init_workers()  # ends with the rollout replicas asleep
+        self._attach(trainer)
+
+    @classmethod
+    def from_trainer(cls, trainer: Any) -> "RayWorkers":
+        """Over an already built ``RayPPOTrainer`` (after ``init_workers``: replicas asleep)."""
+        self = cls.__new__(cls)
+        self.tokenizer = getattr(trainer, "tokenizer", None)
+        self.eos_token_ids = set()
+        self._attach(trainer)
+        return self
+
+    def _attach(self, trainer: Any) -> None:
+        self.trainer = trainer
         self.trainer.global_steps = 0
         self._awake = False
         self.dp_size = int(self.trainer._get_dp_size(self.trainer.actor_rollout_wg, "actor"))
 
-    def _wake(self, step: int) -> None:
-        if not self._awake:
-            self.trainer.checkpoint_manager.update_weights(step)
-            self._awake = True
+    @property
+    def awake(self) -> bool:
+        return self._awake
 
-    def _sleep(self) -> None:
+    def sync_weights(self, step: int) -> None:
+        self.trainer.global_steps = step
+        self.trainer.checkpoint_manager.update_weights(step)  # wakes the replicas with the actor's weights
+        self._awake = True
+
+    def sleep_replicas(self) -> None:
         if self._awake:
             self.trainer.checkpoint_manager.sleep_replicas()
             self._awake = False
@@ -499,7 +567,8 @@ class RayWorkers:
     def generate_sequences(self, gen_batch: Any, validate: bool) -> Any:
         from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 
-        self._wake(self.trainer.global_steps)
+        if not self._awake:
+            raise RuntimeError("generate_sequences with the rollout replicas asleep: sync_weights(step) first")
         padded, pad = pad_dataproto_to_divisor(gen_batch, self.cfg_num_agent_workers)
         out = self.trainer.async_rollout_manager.generate_sequences(padded)
         return unpad_dataproto(out, pad_size=pad)
@@ -509,32 +578,71 @@ class RayWorkers:
         return int(self.trainer.config.actor_rollout_ref.rollout.agent.num_workers)
 
     def compute_log_prob(self, batch: Any) -> Any:
-        self._sleep()
+        self.sleep_replicas()
         out, _mfu = self.trainer._compute_old_log_prob(batch)
         return out
+
+    def compute_ref_log_prob(self, batch: Any) -> Any:
+        self.sleep_replicas()
+        return self.trainer._compute_ref_log_prob(batch)
 
     def update_actor(self, batch: Any) -> dict[str, float]:
         from verl.utils.metric import reduce_metrics
 
-        self._sleep()
+        self.sleep_replicas()
         out = self.trainer._update_actor(batch)
         return {k: float(v) for k, v in reduce_metrics(out.meta_info["metrics"]).items()}
 
-    def sync_weights(self, step: int) -> None:
-        self.trainer.global_steps = step
-        self._sleep()
-        self._wake(step)
-
     def save_checkpoint(self, directory: str, step: int) -> None:
-        self._sleep()
+        self.sleep_replicas()
         self.trainer.actor_rollout_wg.save_checkpoint(directory, None, step, max_ckpt_to_keep=None)
 
     def load_checkpoint(self, directory: str) -> None:
-        self._sleep()
+        self.sleep_replicas()
         self.trainer.actor_rollout_wg.load_checkpoint(directory, del_local_after_load=False)
 
     def close(self) -> None:
-        self._sleep()
+        self.sleep_replicas()
+
+
+def dapo_trainer_class(total_training_steps: int, verl_agreement: bool) -> type:
+    """verl's ``RayPPOTrainer`` with two changes: no dataloaders (the DAPO loop owns the data; their side effect, the
+    optimizer's ``total_training_steps``, is kept) and, unless ``verl_agreement``, no reward-loop workers for the
+    agent loop (``init_workers`` assigns ``self.reward_loop_manager`` and hands ``.reward_loop_workers`` to it)."""
+    from omegaconf import open_dict
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    class _DapoRayTrainer(RayPPOTrainer):
+        def _create_dataloader(self, *args: Any, **kwargs: Any) -> None:
+            self.total_training_steps = total_training_steps
+            with open_dict(self.config):
+                self.config.actor_rollout_ref.actor.optim.total_training_steps = total_training_steps
+
+        @property
+        def reward_loop_manager(self) -> Any:
+            return self.__dict__.get("_dapo_reward_loop_manager")
+
+        @reward_loop_manager.setter
+        def reward_loop_manager(self, manager: Any) -> None:
+            if manager is not None and not verl_agreement:
+                manager = _NoAgentRewardLoop(manager)
+            self.__dict__["_dapo_reward_loop_manager"] = manager
+
+    return _DapoRayTrainer
+
+
+class _NoAgentRewardLoop:
+    """verl's ``RewardLoopManager`` with no workers offered to the agent loop (``reward_loop_workers`` is None), so
+    generation does not score every response a second time; everything else is the manager's own."""
+
+    reward_loop_workers = None
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -594,14 +702,39 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     train_rows = _read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
     val_rows = _read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
     total_steps = preset.recipe.trainer.total_training_steps or _steps_for(preset, len(train_rows))
-    workers = RayWorkers(cfg, total_steps)
-    backend = VerlBackend(cfg, preset, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
     run_dir = str(cfg.trainer.default_local_dir)
+    reseed_rollout_for_resume(cfg, resume_step(preset, run_dir))
+    workers = RayWorkers(cfg, total_steps, verl_agreement=preset.recipe.reward.verl_agreement)
+    backend = VerlBackend(cfg, preset, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
     loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False))
     try:
         return int(loop.fit() or 0)
     finally:
         backend.close()
+
+
+def resume_step(preset: Preset, run_dir: str) -> int:
+    """The step the loop will resume from (``resume_mode: auto`` and a complete checkpoint), else 0."""
+    if preset.recipe.trainer.resume_mode != "auto":
+        return 0
+    from dapo import checkpoint as ckpt
+
+    latest = ckpt.latest(ckpt.checkpoint_root(run_dir))
+    return int(ckpt.load_loop_state(latest)["step"]) if latest is not None else 0
+
+
+def reseed_rollout_for_resume(cfg: Any, step: int) -> Optional[int]:
+    """vLLM's sampling generator lives in the engines and is not checkpointable: a restarted engine starts its stream
+    from ``rollout.seed`` again, so a resumed run would replay the random stream of step 1. Seed the engines with
+    ``rollout.seed + step`` instead: a resume from step ``s`` always draws the same stream (reproducible per resume
+    point), though not the uninterrupted run's (docs/verl.md, Resume). Returns the new seed (None: step 0)."""
+    if step <= 0:
+        return None
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        cfg.actor_rollout_ref.rollout.seed = int(cfg.actor_rollout_ref.rollout.seed) + int(step)
+    return int(cfg.actor_rollout_ref.rollout.seed)
 
 
 def _steps_for(preset: Preset, n_rows: int) -> int:
