@@ -301,6 +301,19 @@ def translate(preset: Preset) -> Translation:
     for key in ("entropy_min", "starving_gen_batches", "clip_ratio_max", "patience"):
         not_passed(f"recipe.trainer.health.{key}", getattr(t.health, key),
                    "a threshold of our loop's health warnings; the reference trainer has no health guards")
+    if a.use_kl_loss:
+        put("actor_rollout_ref.actor.kl_loss_type", a.kl_loss_type, "recipe.actor.kl_loss_type")
+    else:
+        not_passed("recipe.actor.kl_loss_type", a.kl_loss_type,
+                   "read only with recipe.actor.use_kl_loss: true (the reference default is low_var_kl)")
+    not_passed("recipe.reward.verl_agreement", r.reward.verl_agreement,
+               "a cross-check of OUR loop's reward against verl's reward loop; the reference scores once, with verl")
+    fixed("recipe.trainer.log_val_generations", t.log_val_generations == 0,
+          f"is {t.log_val_generations}; pass trainer.log_val_generations=N in overrides (4f80e46 key names) instead")
+    for key in ("rollout_data_dir", "validation_data_dir"):
+        fixed(f"recipe.trainer.{key}", getattr(t, key) is None,
+              f"is set; pass trainer.{key}=DIR in overrides (4f80e46 key names) if that commit's DAPO trainer "
+              "honours it: our generation dumps are not the reference's")
     not_passed("placement.accelerator", p.accelerator, "used by `dapo plan` only")
     not_passed("placement.device", p.device, "the local backend's device; not used on verl worker groups")
     out.handled.add("placement.env")  # the job's runtime env (recipe/dapo/runtime_env.yaml), see runtime_env()
