@@ -24,14 +24,14 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 
 {{- /* Placement: from the preset unless values override it. */ -}}
 {{- $pl := include "dapo.placement" . | fromJson -}}
-{{- if eq $pl.backend "local" -}}
-{{- if or (not (kindIs "invalid" $v.nodes)) (not (kindIs "invalid" $v.gpusPerNode)) -}}
-{{- fail (printf "nodes: preset %q runs on the local backend inside the Ray head; nodes / gpusPerNode do not apply" $v.preset) -}}
-{{- end -}}
-{{- else -}}
 {{- if lt (int $pl.nodes) 1 -}}
 {{- fail (printf "nodes: must be >= 1, got %d (values nodes or the preset's placement.nodes)" (int $pl.nodes)) -}}
 {{- end -}}
+{{- if eq $pl.backend "local" -}}
+{{- if not (kindIs "invalid" $v.gpusPerNode) -}}
+{{- fail (printf "gpusPerNode: preset %q runs on the local backend in a CPU worker pod; gpusPerNode does not apply" $v.preset) -}}
+{{- end -}}
+{{- else -}}
 {{- if lt (int $pl.gpus) 1 -}}
 {{- fail (printf "gpusPerNode: must be >= 1 for the verl backend, got %d (values gpusPerNode or the preset's placement.gpus_per_node)" (int $pl.gpus)) -}}
 {{- end -}}
@@ -113,6 +113,9 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- if hasKey (index $v.worker.resources $section | default dict) "nvidia.com/gpu" -}}
 {{- fail (printf "worker.resources.%s: nvidia.com/gpu is set from gpusPerNode / the preset's placement.gpus_per_node; remove it here" $section) -}}
 {{- end -}}
+{{- end -}}
+{{- if ne (toString (index $v.head.rayStartParams "num-cpus")) "0" -}}
+{{- fail "head.rayStartParams.num-cpus: must be \"0\" so that the training driver (the DAPO loop, entrypointNumCpus 1) and every Ray task and actor run on the workers, not on the head" -}}
 {{- end -}}
 {{- if ne (toString (index $v.head.rayStartParams "num-gpus")) "0" -}}
 {{- fail "head.rayStartParams.num-gpus: must be \"0\" so that no GPU work (verl's driver task, vLLM) lands on the head" -}}
