@@ -31,7 +31,6 @@ from __future__ import annotations
 import random
 import resource
 import shutil
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from dapo import checkpoint as ckpt
+from dapo import runlog
 from dapo.advantage import group_advantages
 from dapo.backends.base import Backend, Rollout, Sampling
 from dapo.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED, HealthGuard
@@ -188,7 +188,8 @@ class DAPOLoop:
         if self._log is not None:
             self._log(msg)
         elif self._bar is not None:
-            self._bar.write(msg)
+            self._bar.write(msg)  # on the console only (the bar is never logged): the attempt log gets it here
+            runlog.note(msg)
         else:
             print(msg, flush=True)
 
@@ -421,10 +422,12 @@ class DAPOLoop:
             logger.log(m, 0)
             self.log(f"step 0/{self.total_steps} | validation before RL | val_acc {val_accuracy(m):.3f} "
                      f"({len(self.val_rows)} prompts x {self.val_sampling.n}) | {m['timing_s/testing']:.1f}s")
-        if self.progress and sys.stderr.isatty():
+        console = runlog.console()  # an interactive stderr, around the attempt log's pipe
+        if self.progress and console is not None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.total_steps, initial=self.step, desc="DAPO", unit="step", dynamic_ncols=True)
+            self._bar = tqdm(total=self.total_steps, initial=self.step, desc="DAPO", unit="step", dynamic_ncols=True,
+                             file=console)
         while self.step < self.total_steps:
             step = self.step + 1
             try:

@@ -1,0 +1,132 @@
+"""Each attempt's driver log on the run volume (dapo.runlog): next free number, never overwritten, stdout and stderr
+(Python, native writes, child processes) both in the file and still on the console, the path on the first line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from dapo.runlog import attempt_numbers, create_attempt_file
+
+SCRIPT = textwrap.dedent("""
+    import os, subprocess, sys
+    from dapo.runlog import AttemptLog
+
+    with AttemptLog(sys.argv[1], header="test") as log:
+        print("py-stdout-line")
+        print("py-stderr-line", file=sys.stderr)
+        os.write(1, b"native-stdout-line\\n")
+        os.write(2, b"native-stderr-line\\n")
+        subprocess.run([sys.executable, "-c", "import sys; print('child-stdout-line'); "
+                        "print('child-stderr-line', file=sys.stderr)"], check=True)
+        log.close(int(sys.argv[2]))
+    print("after-close-line")
+    sys.exit(int(sys.argv[2]))
+""")
+
+
+def _attempt(log_dir: Path, rc: int = 0) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", SCRIPT, str(log_dir), str(rc)], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def test_attempt_logs_number_up_keep_both_streams_and_still_print_to_the_console(tmp_path):
+    log_dir = tmp_path / "run" / "logs"
+    first = _attempt(log_dir, 0)
+    second = _attempt(log_dir, 3)
+    assert first.returncode == 0 and second.returncode == 3
+    assert attempt_numbers(log_dir) == [1, 2]
+    for n, proc, rc in ((1, first, 0), (2, second, 3)):
+        path = log_dir / f"attempt-{n}.log"
+        text = path.read_text()
+        lines = text.splitlines()
+        assert lines[0].startswith(f"dapo: this attempt's log (stdout + stderr): {path} | test")
+        for what in ("py-stdout-line", "py-stderr-line", "native-stdout-line", "native-stderr-line",
+                     "child-stdout-line", "child-stderr-line"):
+            assert what in text, (what, text)
+        assert lines[-1] == f"dapo: exit code {rc} | log {path}"
+        assert "after-close-line" not in text
+        # the console still shows everything, each stream on its own descriptor
+        assert f"this attempt's log (stdout + stderr): {path}" in proc.stdout
+        for what in ("py-stdout-line", "native-stdout-line", "child-stdout-line", "after-close-line"):
+            assert what in proc.stdout and what not in proc.stderr
+        for what in ("py-stderr-line", "native-stderr-line", "child-stderr-line"):
+            assert what in proc.stderr and what not in proc.stdout
+    assert "py-stdout-line" in (log_dir / "attempt-1.log").read_text()  # the first attempt's log was not replaced
+
+
+def test_next_number_follows_the_highest_and_never_overwrites(tmp_path):
+    (tmp_path / "attempt-2.log").write_text("kept\n")
+    (tmp_path / "attempt-x.log").write_text("ignored\n")
+    n, path, fd = create_attempt_file(tmp_path)
+    os.close(fd)
+    assert (n, path.name) == (3, "attempt-3.log")
+    assert (tmp_path / "attempt-2.log").read_text() == "kept\n"
+
+
+def test_concurrent_attempts_get_distinct_numbers(tmp_path):
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def create():
+        n, _, fd = create_attempt_file(tmp_path)
+        os.close(fd)
+        with lock:
+            got.append(n)
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(1, 9))
+
+
+def test_a_traceback_reaches_the_file_and_the_exit_code_is_1(tmp_path):
+    script = ("import sys\nfrom dapo.runlog import AttemptLog\nwith AttemptLog(sys.argv[1]):\n"
+              "    raise RuntimeError('boom-in-the-loop')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 1
+    text = (tmp_path / "attempt-1.log").read_text()
+    assert "RuntimeError: boom-in-the-loop" in text and text.splitlines()[-1].startswith("dapo: exit code 1")
+    assert proc.stderr.count("RuntimeError: boom-in-the-loop") == 1  # Python prints it once on the console
+
+
+@pytest.mark.parametrize("argv", [["--dry-run"], ["--no-attempt-log", "--dry-run"]])
+def test_dry_run_writes_no_attempt_log(tmp_path, argv, capsys):
+    from dapo.train import main
+
+    assert main(["--preset", "tiny", "--run-dir", str(tmp_path / "run"), *argv]) == 0
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_dapo_train_writes_the_attempt_log_under_the_run_dir(tmp_path):
+    """`dapo train` with a configuration the local backend refuses at setup still leaves its attempt log."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "dapo.train", "--preset", "tiny", "--run-dir", str(run_dir),
+                           "--device", "cuda:99", "--no-progress"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    log = run_dir / "logs" / "attempt-1.log"
+    text = log.read_text()
+    assert f"this attempt's log (stdout + stderr): {log}" in proc.stdout.splitlines()[0]
+    assert "cuda:99" in text and text.splitlines()[-1] == f"dapo: exit code 2 | log {log}"
+
+
+def test_verl_run_dir_resolves_the_trainer_references():
+    from dapo.config import load_preset
+    from dapo.train import build_parser, run_dir_of
+
+    args = build_parser().parse_args(["--preset", "full"])
+    assert run_dir_of(load_preset("full"), args) == Path("/shared/checkpoints/DAPO-verl/DAPO-Qwen2.5-32B")
