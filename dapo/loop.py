@@ -364,6 +364,9 @@ class DAPOLoop:
         """Resume from the newest complete checkpoint (``resume_mode: auto``); returns True when resumed."""
         metrics_file = self.run_dir / "metrics.jsonl"
         if self.recipe.trainer.resume_mode == "auto":
+            # free the space of a deletion a killed attempt left half done (and apply a lowered retention) now,
+            # before the first save of this attempt needs it
+            ckpt.prune(self.ckpt_root, self.recipe.trainer.max_ckpt_to_keep)
             latest = ckpt.latest(self.ckpt_root)
             if latest is not None:
                 self.backend.load_checkpoint(str(latest))
