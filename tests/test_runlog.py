@@ -130,3 +130,55 @@ def test_verl_run_dir_resolves_the_trainer_references():
 
     args = build_parser().parse_args(["--preset", "full"])
     assert run_dir_of(load_preset("full"), args) == Path("/shared/checkpoints/DAPO-verl/DAPO-Qwen2.5-32B")
+
+
+LOOP_UNDER_A_TTY = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    from dapo.config import load_preset
+    from dapo.loop import DAPOLoop
+    from dapo.runlog import AttemptLog
+    from loop_support import ScriptedBackend, make_rows
+
+    preset = load_preset("tiny", ["recipe.data.train_batch_size=2", "recipe.data.gen_batch_size=4",
+                                  "recipe.rollout.n=2", "recipe.actor.ppo_mini_batch_size=1",
+                                  "recipe.trainer.logger=[console]", "recipe.trainer.total_training_steps=2",
+                                  "recipe.trainer.save_freq=0", "recipe.trainer.test_freq=0",
+                                  "recipe.trainer.val_before_train=false",
+                                  "recipe.filter_groups.max_num_gen_batches=0"])
+    with AttemptLog(sys.argv[1]) as log:
+        loop = DAPOLoop(preset, ScriptedBackend(seed=0), make_rows([0.5] * 40), [], sys.argv[1] + "/run",
+                        progress=True)
+        log.close(loop.fit())
+""")
+
+
+def test_progress_bar_stays_on_the_console_and_each_line_is_logged_once(tmp_path):
+    """On an interactive console the loop draws its bar there, never into the attempt log, and its step lines reach
+    the log exactly once."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal 120 columns wide
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", LOOP_UNDER_A_TTY, str(tmp_path), str(ROOT / "tests")],
+                            stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    console = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        console += chunk
+    assert proc.wait(timeout=120) == 0, console.decode(errors="replace")[-3000:]
+    text = (tmp_path / "attempt-1.log").read_text()
+    for step in (1, 2):
+        assert sum(line.startswith(f"step {step}/2 ") for line in text.splitlines()) == 1, text
+    assert "\r" not in text and "DAPO:" not in text  # no progress bar in the file
+    assert b"DAPO:" in console  # the bar is on the console
