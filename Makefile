@@ -49,6 +49,7 @@ test-fast: setup
 
 render: setup
 	$(VENV)/bin/python scripts/gen_reference.py
+	$(VENV)/bin/python -m dapo.plan --requirements-file charts/dapo/files/requirements.yaml
 	$(VENV)/bin/python scripts/render.py --all --out k8s/rendered
 
 bench: setup

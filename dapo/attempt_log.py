@@ -17,25 +17,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import BinaryIO, Optional
 
-ATTEMPT_RE = re.compile(r"^attempt-(\d+)\.log$")
+from dapo.runlog import create_attempt_file
+
 
 
 def open_next_attempt(log_dir: Path) -> tuple[int, BinaryIO]:
-    """Create ``attempt-N.log`` with N = highest existing + 1, exclusively (a concurrent writer takes N + 1)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    n = max((int(m.group(1)) for p in log_dir.iterdir() if (m := ATTEMPT_RE.match(p.name))), default=0) + 1
-    while True:
-        try:
-            return n, open(log_dir / f"attempt-{n}.log", "xb")
-        except FileExistsError:
-            n += 1
+    """Create the next ``attempt-N.log`` exclusively (numbering of :func:`dapo.runlog.create_attempt_file`)."""
+    n, _path, fd = create_attempt_file(log_dir)
+    return n, os.fdopen(fd, "ab")
 
 
 def run(cmd: list[str], log_dir: Path, cwd: Optional[Path] = None, out: Optional[BinaryIO] = None) -> int:

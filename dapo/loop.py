@@ -32,7 +32,6 @@ import json
 import random
 import resource
 import shutil
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from dapo import checkpoint as ckpt
+from dapo import runlog
 from dapo.advantage import group_advantages
 from dapo.backends.base import Backend, Rollout, Sampling
 from dapo.generations import dump_generations, pick_val_generations, prompt_text
@@ -191,7 +191,9 @@ class DAPOLoop:
         if self._log is not None:
             self._log(msg)
         elif self._bar is not None:
-            self._bar.write(msg)
+            # on the bar's console only (tqdm.write defaults to stdout, which the attempt log already copies)
+            self._bar.write(msg, file=self._bar.fp)
+            runlog.note(msg)  # ... so the attempt log gets it here, once
         else:
             print(msg, flush=True)
 
@@ -226,6 +228,12 @@ class DAPOLoop:
             scored["reward"], extra,
         )
 
+    def _take(self, batch: tuple[Rollout, dict[str, np.ndarray]], index: np.ndarray
+              ) -> tuple[Rollout, dict[str, np.ndarray]]:
+        """The rows at ``index`` of a (rollout, scores) generation batch: what the sampler holds (dapo.sampler)."""
+        rollout, scored = batch
+        return self.backend.select(rollout, index), {k: np.asarray(v)[index] for k, v in scored.items()}
+
     # ---------------------------------------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
         """One rollout step (module docstring); returns its metrics."""
@@ -253,10 +261,14 @@ class DAPOLoop:
                 if k in rollout.stats:
                     gen[f"rollout_{k}"].append(np.asarray(rollout.stats[k], dtype=np.float64))
             try:
-                self.sampler.add(rollout.group_ids, scored[fg.metric], batch=(rollout, scored))
+                # the sampler keeps only the rows of groups it may still train on (a copy); the generation batch
+                # itself is dropped right here, before the next one is generated
+                self.sampler.add(rollout.group_ids, scored[fg.metric], batch=(rollout, scored), take=self._take)
             except DynamicSamplingError:
                 self.sampler.finish_step()
                 raise
+            finally:
+                del rollout, scored
             timing["filter"] += time.perf_counter() - t2
             nb = self.sampler.num_gen_batches
             if fg.enable and not self.sampler.is_full() and nb % 10 == 0:
@@ -396,6 +408,9 @@ class DAPOLoop:
         """Resume from the newest complete checkpoint (``resume_mode: auto``); returns True when resumed."""
         metrics_file = self.run_dir / "metrics.jsonl"
         if self.recipe.trainer.resume_mode == "auto":
+            # free the space of a deletion a killed attempt left half done (and apply a lowered retention) now,
+            # before the first save of this attempt needs it
+            ckpt.prune(self.ckpt_root, self.recipe.trainer.max_ckpt_to_keep)
             latest = ckpt.latest(self.ckpt_root)
             if latest is not None:
                 self.backend.load_checkpoint(str(latest))
@@ -470,10 +485,12 @@ class DAPOLoop:
             logger.log(m, 0)
             self.log(f"step 0/{self.total_steps} | validation before RL | val_acc {val_accuracy(m):.3f} "
                      f"({len(self.val_rows)} prompts x {self.val_sampling.n}) | {m['timing_s/testing']:.1f}s")
-        if self.progress and sys.stderr.isatty():
+        console = runlog.console()  # an interactive stderr, around the attempt log's pipe
+        if self.progress and console is not None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.total_steps, initial=self.step, desc="DAPO", unit="step", dynamic_ncols=True)
+            self._bar = tqdm(total=self.total_steps, initial=self.step, desc="DAPO", unit="step", dynamic_ncols=True,
+                             file=console)
         while self.step < self.total_steps:
             step = self.step + 1
             try:

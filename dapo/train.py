@@ -6,6 +6,10 @@ the backend the preset's placement names:
 - ``placement.backend: local`` -> :mod:`dapo.backends.local` (HF transformers in this process, CPU or one GPU)
 - ``placement.backend: verl``  -> :mod:`dapo.backends.verl` (verl worker groups on Ray)
 
+Every attempt (not ``--dry-run``) tees its stdout and stderr into ``<run dir>/logs/attempt-<N>.log`` (N = the
+next free number; :mod:`dapo.runlog`), so the driver log of a failed attempt outlives the Ray head that ran it. The
+run dir is ``--run-dir`` or ``recipe.trainer.default_local_dir`` (on a cluster: the shared volume).
+
 Overrides: ``recipe.…``, ``placement.…``, ``local.…`` keys address the preset (validated strictly). Any other
 ``key=value`` is passed verbatim to verl's Hydra config (verl backend only; Hydra rejects unknown keys, a key
 the preset owns -- e.g. ``trainer.nnodes`` -- is rejected with the preset key to use, here ``placement.nodes``, and a
@@ -16,7 +20,11 @@ reason: see :data:`dapo.verl_config.PASSTHROUGH_REFUSED`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import signal
 import sys
+import threading
+from pathlib import Path
 
 from dapo.config import ConfigError, list_presets, load_preset
 
@@ -51,7 +59,37 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", choices=["auto", "disable"], default=None, help="resume from the latest checkpoint (default: preset)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    p.add_argument("--no-attempt-log", action="store_true",
+                   help="do not write <run dir>/logs/attempt-N.log (stdout + stderr of this attempt)")
     return p
+
+
+def run_dir_of(preset, args: argparse.Namespace) -> Path:
+    """Where the run keeps checkpoints and logs: ``--run-dir`` (local backend) or ``trainer.default_local_dir`` with
+    its ``${trainer.<key>}`` references resolved (what verl's config resolves it to)."""
+    from dapo.k8s.presets import ValuesError, trainer_path
+
+    if getattr(args, "run_dir", None):
+        return Path(args.run_dir)
+    t = preset.recipe.trainer
+    try:
+        return Path(trainer_path(t.default_local_dir, dataclasses.asdict(t)))
+    except ValuesError as exc:
+        raise ConfigError(f"recipe.trainer.default_local_dir: {exc}") from exc
+
+
+def _run(preset, args: argparse.Namespace, verl_overrides: list[str]) -> int:
+    try:
+        if preset.placement.backend == "local":
+            from dapo.backends.local import run as run_backend
+
+            return int(run_backend(preset, args) or 0)
+        from dapo.backends.verl import run as run_backend
+
+        return int(run_backend(preset, args, verl_overrides) or 0)
+    except ConfigError as exc:
+        print(f"dapo train: configuration error: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,21 +101,50 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume:
             ours.append(f"recipe.trainer.resume_mode={args.resume}")
         preset = load_preset(args.preset, ours)
-        if preset.placement.backend == "local":
-            if verl_overrides:
-                raise ConfigError(
-                    f"overrides {verl_overrides} are not preset keys (recipe./placement./local.) and the "
-                    f"preset {preset.name!r} runs on the local backend, which has no verl config"
-                )
-            from dapo.backends.local import run as run_backend
-
-            return int(run_backend(preset, args) or 0)
-        from dapo.backends.verl import run as run_backend
-
-        return int(run_backend(preset, args, verl_overrides) or 0)
+        if preset.placement.backend == "local" and verl_overrides:
+            raise ConfigError(
+                f"overrides {verl_overrides} are not preset keys (recipe./placement./local.) and the "
+                f"preset {preset.name!r} runs on the local backend, which has no verl config"
+            )
+        log_dir = None if args.dry_run or args.no_attempt_log else run_dir_of(preset, args) / "logs"
     except ConfigError as exc:
         print(f"dapo train: configuration error: {exc}", file=sys.stderr)
         return 2
+    if log_dir is None:
+        return _run(preset, args, verl_overrides)
+    from dapo.runlog import AttemptLog
+
+    log = AttemptLog(log_dir, header=f"dapo train --preset {args.preset} {' '.join(args.overrides)}".rstrip())
+    try:
+        log.__enter__()
+    except OSError as exc:
+        print(f"dapo train: cannot create the attempt log in {log_dir}: {exc} (is the volume writable?)",
+              file=sys.stderr)
+        return 2
+    previous = _sigterm_as_interrupt()
+    try:
+        rc = _run(preset, args, verl_overrides)
+    except BaseException as exc:  # a traceback or Ctrl-C still ends up in the file
+        log.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    log.close(rc)
+    return rc
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM (``ray job stop``, a pod being deleted) interrupts the loop like Ctrl-C: it says which checkpoint a
+    rerun resumes from and exits 130, and the attempt log gets its last lines, instead of dying mid-write. Returns
+    the previous handler (None when not in the main thread, where Python cannot install one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def list_main(argv: list[str] | None = None) -> int:

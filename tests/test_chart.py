@@ -95,9 +95,10 @@ FAIL_CASES = [
     ({"train": {"enabled": False}}, "train.enabled:"),
     ({"fullnameOverride": "a" * 42}, "fullnameOverride:"),
     ({"preset": "nope"}, f'preset: unknown preset "nope"; available: {", ".join(runnable_presets())}'),
-    ({"preset": "tiny", "nodes": 2}, "nodes:"),
-    ({"preset": "tiny", "gpusPerNode": 1}, "nodes:"),
+    ({"preset": "tiny", "gpusPerNode": 1}, "gpusPerNode:"),
+    ({"head": {"rayStartParams": {"num-cpus": "2"}}}, "head.rayStartParams.num-cpus:"),
     ({"overrides": ["placement.nodes=4"]}, "overrides:"),
+    ({"storage": {"size": "1Ti"}}, "storage.size: 1Ti is smaller than what preset full needs: "),
     ({"overrides": ["trainer.n_gpus_per_node=4"]}, "overrides:"),
     ({"train": {"shutdownAfterJobFinishes": False}}, "train.ttlSecondsAfterFinished:"),
     ({"train": {"deletionRules": DELETE_OK}}, "train.deletionRules:"),
@@ -285,3 +286,34 @@ def test_operator_values_pin_kuberay_1_7_0_with_the_gates_the_chart_uses():
     assert gates["RayJobDeletionPolicy"] is True  # train/eval.deletionRules
     text = (ROOT / "k8s" / "kuberay-operator-values.yaml").read_text()
     assert f"--version {versions.KUBERAY_VERSION}" in text
+
+
+@pytest.mark.parametrize("name", ["tiny", "smoke", "full"])
+def test_training_driver_is_placed_on_a_worker_never_the_head(name):
+    """The DAPO loop is the job driver: entrypointNumCpus 1 with a head of num-cpus "0" leaves Ray a worker as the
+    only place to start it (cluster-facts: without entrypoint resources the driver runs on the head)."""
+    files, release = set_files(name)
+    values = user_values(files)
+    for objects in (helm_objects(values, release=release), render_script().render_objects(CHART_DIR, files,
+                                                                                          release=release)):
+        job = by_key(objects)[("RayJob", f"{release}-train")]["spec"]
+        assert job["entrypointNumCpus"] == 1
+        cluster = job["rayClusterSpec"]
+        assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+        (group,) = cluster["workerGroupSpecs"]
+        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] >= 1
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        # the worker that hosts the driver has a CPU for it (KubeRay derives num-cpus from the CPU limit)
+        assert float(limits["cpu"]) >= 1
+
+
+def test_local_backend_preset_gets_a_cpu_worker_group_of_its_placement_nodes():
+    files, release = set_files("tiny")
+    values = user_values(files)
+    for extra, replicas in (({}, 2), ({"nodes": 3}, 3)):
+        job = by_key(helm_objects({**values, **extra}, release=release))[("RayJob", f"{release}-train")]["spec"]
+        (group,) = job["rayClusterSpec"]["workerGroupSpecs"]
+        assert group["groupName"] == "cpu" and group["replicas"] == replicas
+        resources = group["template"]["spec"]["containers"][0]["resources"]
+        assert "nvidia.com/gpu" not in resources["limits"] and "nvidia.com/gpu" not in resources["requests"]
+        assert "placement.nodes" not in job["entrypoint"]  # the local backend has no placement to pass

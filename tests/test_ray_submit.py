@@ -63,13 +63,16 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _kuberay_submit_script(address: str, job_id: str, entrypoint: str, runtime_env_json: str) -> str:
+def _kuberay_submit_script(address: str, job_id: str, entrypoint: str, runtime_env_json: str,
+                           entrypoint_num_cpus: float | None = None) -> str:
     """KubeRay v1.7's K8sJobMode submitter command (common.BuildJobSubmitCommand), minus its dashboard wait loop:
-    submit only if the job id is unknown, then follow the logs."""
+    submit only if the job id is unknown (with the RayJob's entrypointNumCpus as --entrypoint-num-cpus), then
+    follow the logs."""
+    cpus = f"--entrypoint-num-cpus {entrypoint_num_cpus} " if entrypoint_num_cpus is not None else ""
     return (
         f"if ! ray job status --address {address} {job_id} >/dev/null 2>&1 ; then "
         f"ray job submit --address {address} --no-wait --runtime-env-json {go_quote(runtime_env_json)} "
-        f"--submission-id {job_id} -- {entrypoint} ; fi ; "
+        f"{cpus}--submission-id {job_id} -- {entrypoint} ; fi ; "
         f"ray job logs --address {address} --follow {job_id}"
     )
 
@@ -183,7 +186,8 @@ def test_rendered_tiny_rayjob_runs_to_succeeded_through_ray_job_submit():
 
         phase("dashboard up")
         job_id = "dapo-tiny-train-test"
-        script = _kuberay_submit_script(address, job_id, entrypoint, json.dumps(runtime_env))
+        script = _kuberay_submit_script(address, job_id, entrypoint, json.dumps(runtime_env),
+                                        job["spec"].get("entrypointNumCpus"))
         first = subprocess.run(["bash", "-c", script], env=env, cwd=root, capture_output=True, text=True,
                                timeout=300)
         deadline = time.monotonic() + 300

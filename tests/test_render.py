@@ -133,7 +133,8 @@ def test_render_cli_preset_set_and_override(capsys):
     [
         (["--preset", "full", "--set", "nodes=0"], "/nodes"),
         (["--preset", "full", "--override", "recipe.actor.optim.lrr=1e-5"], "did you mean 'lr'"),
-        (["--preset", "tiny", "--set", "nodes=2"], "nodes: preset"),
+        (["--preset", "tiny", "--set", "gpusPerNode=1"], "gpusPerNode: preset"),
+        (["--preset", "tiny", "--set", "head.rayStartParams.num-cpus=\"1\""], "head.rayStartParams.num-cpus:"),
         (["--preset", "nope"], "unknown preset"),
         (["--preset", "full", "--set", "fullnameOverride=" + "x" * 45], "fullnameOverride:"),
     ],

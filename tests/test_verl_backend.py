@@ -445,3 +445,16 @@ def test_greedy_validation_reaches_the_agent_loop_as_temperature_zero(tmp_path):
     loop = DAPOLoop(preset, backend, _rows(8), _rows(2), tmp_path, progress=False, log=lambda m: None)
     backend.generate(_rows(2), loop.val_sampling)  # the loop's rollout.val sampling: do_sample false
     assert backend.workers.calls[-1] == ("generate", 2 * preset.recipe.rollout.val.n, True)
+
+
+def test_loop_memory_model_counts_the_bytes_of_a_generation_batch_row(backend, setup):
+    """dapo.sizing.row_bytes (what `dapo plan` sizes the loop with) against the tensors a generation batch really
+    holds in the loop: the agent-loop output keys (stand-in shaped like verl 0.9.1's AgentLoopWorker._postprocess:
+    int64 prompts, responses, response_mask, input_ids, attention_mask, position_ids; fp32 rollout_log_probs,
+    rm_scores) plus whatever VerlBackend adds."""
+    from dapo.sizing import row_bytes
+
+    preset, cfg = setup
+    r = backend.generate(_rows(3), _train_sampling(preset), group_ids=[20, 21, 22])
+    held = sum(t.element_size() * t.numel() for t in r.data.batch.values())
+    assert held == len(r) * row_bytes(int(cfg.data.max_prompt_length), int(cfg.data.max_response_length))

@@ -8,8 +8,12 @@ Objects (K = fullname):
 - ConfigMap ``K-preset``: the preset file and the files it ``extends:``, verbatim.
 - PersistentVolumeClaim ``K-shared`` (unless ``storage.existingClaim``): ReadWriteMany, kept on uninstall.
 - RayJob ``K-train``: ``python -m dapo.train --preset <presetDir>/<preset>.yaml placement.nodes=N
-  placement.gpus_per_node=G [overrides]`` on a CPU head + one GPU worker group (replicas = min = max = N). With
-  ``train.runner: reference``: the upstream DAPO recipe of verl 4f80e46 (:mod:`dapo.reference`) on the reproduction
+  placement.gpus_per_node=G [overrides]`` on a CPU head + one worker group (replicas = min = max = N): GPU workers
+  for the verl backend, CPU workers (no ``nvidia.com/gpu``) for the local backend. ``entrypointNumCpus:
+  TRAIN_ENTRYPOINT_NUM_CPUS`` makes Ray start the job driver -- the DAPO loop -- on a worker: the head has
+  ``num-cpus: 0``, so the driver's CPU cannot be found there (without entrypoint resources Ray runs a driver on the
+  head whatever the head's resources).
+  With ``train.runner: reference``: the upstream DAPO recipe of verl 4f80e46 (:mod:`dapo.reference`) on the reproduction
   image, ``python3 -m dapo.attempt_log --log-dir <ckpt>/logs -- python3 -m recipe.dapo.src.main_dapo <args>``.
 - RayJob ``K-eval`` (``eval.enabled``): ``dapo eval run --checkpoint-dir ... --step ... --test-file ... --output ...``.
 - PodDisruptionBudget ``K-train`` (``disruption.podDisruptionBudget``): maxUnavailable 0 over the training pods.
@@ -42,6 +46,11 @@ from dapo.k8s.values import check, fullname, hub_offline, placement
 # Every job's runtime env: a driver calling ray.init(runtime_env=...) merges with it (Ray 2.60 refuses keys set in
 # both otherwise).
 JOB_ENV = {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
+
+# spec.entrypointNumCpus of the training RayJob: the driver (the DAPO loop) needs a Ray CPU, and only workers have
+# any (the chart requires head num-cpus "0"). KubeRay v1.7 has no entrypointMemory, and Ray refuses "memory" in
+# entrypointResources, so memory is checked by `dapo plan` against the worker pod instead of reserved in Ray.
+TRAIN_ENTRYPOINT_NUM_CPUS = 1
 
 # Labels only Helm writes; scripts/render.py output has none of them.
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
@@ -319,10 +328,11 @@ class Chart:
             entrypoint=entrypoint or self.train_entrypoint(),
             runtime_env=self.train_runtime_env(),
             image=image,
-            nodes=0 if pl["backend"] == "local" else pl["nodes"],
-            gpus=pl["gpus"],
+            nodes=pl["nodes"],
+            gpus=0 if pl["backend"] == "local" else pl["gpus"],
             presets=True,
             ray_version=ray_version,
+            entrypoint_num_cpus=TRAIN_ENTRYPOINT_NUM_CPUS,
         )
 
     def eval_paths(self) -> dict[str, str]:
@@ -567,7 +577,8 @@ class Chart:
         resources = copy.deepcopy(w["resources"])
         for section in ("requests", "limits"):
             r = resources.get(section) or {}
-            r["nvidia.com/gpu"] = str(gpus)
+            if gpus > 0:  # a CPU worker group (local backend) requests no GPU
+                r["nvidia.com/gpu"] = str(gpus)
             r.update(copy.deepcopy(w.get("extraResources") or {}))
             resources[section] = r
         container = {
@@ -591,7 +602,8 @@ class Chart:
         }
 
     def rayjob(self, *, kind: str, name: str, job: dict[str, Any], entrypoint: str, runtime_env: dict[str, str],
-               image: str, nodes: int, gpus: int, presets: bool, ray_version: str | None = None) -> dict[str, Any]:
+               image: str, nodes: int, gpus: int, presets: bool, ray_version: str | None = None,
+               entrypoint_num_cpus: int | None = None) -> dict[str, Any]:
         v = self.v
         meta = self.metadata(name, kind)
         queue_label = {"kueue": "kueue.x-k8s.io/queue-name", "volcano": "volcano.sh/queue-name",
@@ -599,6 +611,8 @@ class Chart:
         if queue_label:
             meta["labels"][queue_label] = v["queue"]["name"]
         spec: dict[str, Any] = {"entrypoint": entrypoint}
+        if entrypoint_num_cpus is not None:
+            spec["entrypointNumCpus"] = entrypoint_num_cpus
         renv = runtime_env_yaml(runtime_env)
         if renv:
             spec["runtimeEnvYAML"] = renv

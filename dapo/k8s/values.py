@@ -150,17 +150,15 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     preset_chain(v["preset"])  # the preset exists and its chain resolves
     preset = merged_preset(v["preset"])
     pl = placement(v, preset)
+    if pl["nodes"] < 1:
+        raise ValuesError(f"nodes: must be >= 1, got {pl['nodes']} (values nodes or the preset's placement.nodes)")
     if pl["backend"] == "local":
-        if v.get("nodes") is not None or v.get("gpusPerNode") is not None:
+        if v.get("gpusPerNode") is not None:
             raise ValuesError(
-                f"nodes: preset {q(v['preset'])} runs on the local backend inside the Ray head; nodes / gpusPerNode "
-                "do not apply"
+                f"gpusPerNode: preset {q(v['preset'])} runs on the local backend in a CPU worker pod; gpusPerNode "
+                "does not apply"
             )
     else:
-        if pl["nodes"] < 1:
-            raise ValuesError(
-                f"nodes: must be >= 1, got {pl['nodes']} (values nodes or the preset's placement.nodes)"
-            )
         if pl["gpus"] < 1:
             raise ValuesError(
                 f"gpusPerNode: must be >= 1 for the verl backend, got {pl['gpus']} (values gpusPerNode or the "
@@ -220,6 +218,11 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                 f"worker.resources.{section}: nvidia.com/gpu is set from gpusPerNode / the preset's "
                 "placement.gpus_per_node; remove it here"
             )
+    if str(v["head"]["rayStartParams"].get("num-cpus")) != "0":
+        raise ValuesError(
+            'head.rayStartParams.num-cpus: must be "0" so that the training driver (the DAPO loop, entrypointNumCpus '
+            '1) and every Ray task and actor run on the workers, not on the head'
+        )
     if str(v["head"]["rayStartParams"].get("num-gpus")) != "0":
         raise ValuesError(
             'head.rayStartParams.num-gpus: must be "0" so that no GPU work (verl\'s driver task, vLLM) lands on the head'
@@ -276,6 +279,14 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
         prefix = (mount[:-1] if mount.endswith("/") else mount) + "/"
         if not path.startswith(prefix):
             raise ValuesError(f"{key}: {q(path)} is not under storage.mountPath {q(mount)} (it would not survive the pod)")
+
+    if v["train"]["enabled"] and not v["storage"]["existingClaim"]:
+        from dapo import sizing
+        from dapo.config import load_preset
+
+        need = sizing.storage(load_preset(v["preset"]))
+        if need["bytes"] is not None and sizing.parse_quantity(v["storage"]["size"]) < need["bytes"]:
+            raise ValuesError(sizing.storage_message(v["preset"], v["storage"]["size"], need["summary"]))
 
     if v["eval"]["enabled"]:
         if pl["evalGpus"] < 1:

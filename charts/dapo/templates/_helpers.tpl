@@ -516,8 +516,10 @@ The data preparation init container of the Ray head.
 {{/*
 A RayJob. Usage: include "dapo.rayJob" (dict "root" $ "kind" "train"|"eval" "name" $name "job" .Values.train
   "entrypoint" $cmd "runtimeEnv" $envMap "image" $image "nodes" $n "gpus" $g "presets" true|false
-  "specHash" $sha256 "rayVersion" $version)   (rayVersion optional: default .Values.rayVersion)
+  "specHash" $sha256 "rayVersion" $version
+  ["entrypointNumCpus" $cpus])   (rayVersion optional: default .Values.rayVersion)
 specHash goes into the annotation dapo-k8s.github.io/spec-sha256 (see dapo.rayJobWithHash); "" leaves it out.
+gpus 0 renders a CPU worker group (no nvidia.com/gpu).
 */}}
 {{- define "dapo.rayJob" -}}
 {{- $root := .root -}}
@@ -543,6 +545,9 @@ metadata:
     {{- end }}
 spec:
   entrypoint: {{ .entrypoint | quote }}
+  {{- with .entrypointNumCpus }}
+  entrypointNumCpus: {{ . }}
+  {{- end }}
   {{- with (include "dapo.runtimeEnvYAML" (dict "env" .runtimeEnv)) }}
   runtimeEnvYAML: |
     {{- . | nindent 4 }}
@@ -725,7 +730,9 @@ spec:
                 {{- $res := deepCopy $v.worker.resources -}}
                 {{- range $section := list "requests" "limits" -}}
                 {{- $r := index $res $section | default dict -}}
+                {{- if gt (int $.gpus) 0 -}}
                 {{- $_ := set $r "nvidia.com/gpu" (toString $.gpus) -}}
+                {{- end -}}
                 {{- range $k, $val := $v.worker.extraResources -}}
                 {{- $_ := set $r $k $val -}}
                 {{- end -}}
