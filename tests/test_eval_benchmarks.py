@@ -169,3 +169,22 @@ def test_unknown_benchmark_or_missing_file_is_a_usage_error(tmp_path, capsys):
     assert evaluate.main(["run", "--checkpoint-dir", str(run), "--benchmarks", "aime25", "--data-dir",
                           str(tmp_path)]) == 2  # fmt: skip
     assert f"{tmp_path / 'aime-2025.parquet'} of aime25 does not exist (run `dapo data prepare`)" in capsys.readouterr().err
+
+
+def test_report_draws_accuracy_per_benchmark_against_step_beside_the_published_points(tmp_path, fake_serving, capsys):
+    from dapo import evaluate, report
+    from dapo.benchmarks import PUBLISHED
+
+    files = {n: bench_file(tmp_path / f"{n}.parquet", n, TRUTH[n]) for n in ("aime24", "math500")}
+    run = local_run(tmp_path, [2, 4], writing=6)
+    out = tmp_path / "eval"
+    assert evaluate.main(["run", "--checkpoint-dir", str(run), "--step", "all", "--output", str(out), "--no-progress",
+                          "--benchmarks", ",".join(f"{n}={p}" for n, p in files.items())]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert report.main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert (out / "accuracy.png").stat().st_size > 10_000
+    assert "step 2:" in text and "step 4:" in text
+    assert any(line.split()[:4] == ["math500", "3", "x", "2"] for line in text.splitlines()), text
+    # the published points are the paper's/repository's end-of-training AIME-2024 avg@32, nothing invented
+    assert sorted(p["avg"] for p in PUBLISHED["aime24"]) == [0.44, 0.50] and set(PUBLISHED) == {"aime24"}
