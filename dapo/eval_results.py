@@ -145,10 +145,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
               "truncated", "complete")  # fmt: skip
     body = []
     for r in rows:
+        length = "-" if r["response_length_mean"] is None else f"{r['response_length_mean']:.0f}"
         body.append((
             r["benchmark"], f"{r['problems']} x {r['k']}", _pct(r["avg"]), _pct(r["pass"]), _pct(r["cons"]),
-            _pct(r["avg_math_verify"]), "-" if r["response_length_mean"] is None else f"{r['response_length_mean']:.0f}",
-            _pct(r["truncation_rate"]), "yes" if r["complete"] else f"no ({r['answered']}/{r['rows']})",
+            _pct(r["avg_math_verify"]), length, _pct(r["truncation_rate"]),
+            "yes" if r["complete"] else f"no ({r['answered']}/{r['rows']})",
         ))  # fmt: skip
     widths = [max(len(str(x[i])) for x in [header, *body]) for i in range(len(header))]
     step = rows[0]["step"] if rows else None

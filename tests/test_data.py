@@ -192,8 +192,9 @@ def aime25_raw(n: int = 30) -> list[dict]:
 
 def math500_raw(n: int = 500) -> list[dict]:
     """HuggingFaceH4/MATH-500 test.jsonl records: problem, solution, answer (LaTeX), subject, level (int), unique_id."""
-    return [{"problem": f"Simplify $\\frac{{{i}}}{{{i + 1}}} \\cdot 2$.", "solution": f"It is $\\boxed{{\\frac{{2\\cdot{i}}}"
-             f"{{{i + 1}}}}}$.", "answer": f"\\frac{{{2 * i}}}{{{i + 1}}}", "subject": ("Algebra", "Precalculus")[i % 2],
+    return [{"problem": f"Simplify $\\frac{{{i}}}{{{i + 1}}} \\cdot 2$.",
+             "solution": f"It is $\\boxed{{\\frac{{2\\cdot{i}}}{{{i + 1}}}}}$.",
+             "answer": f"\\frac{{{2 * i}}}{{{i + 1}}}", "subject": ("Algebra", "Precalculus")[i % 2],
              "level": 1 + i % 5, "unique_id": f"test/algebra/{i}.json"} for i in range(n)]
 
 

