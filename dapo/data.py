@@ -770,11 +770,13 @@ def _fetch_benchmark(out: Path, bench, spec: str, manifest: dict[str, Any], *, s
 
     target = out / bench.file
     entry = manifest["files"].get(bench.file)
-    if not force and _up_to_date(target, entry, log):
-        log(f"{bench.file}: present, checksum matches the manifest -- skipped")
-        return _report_from_entry(target, entry)
     sources = _benchmark_sources(bench, spec, source_dir, revision)
     described = " + ".join(s.description for s, _ in sources)
+    if not force and entry and entry.get("source") != described:
+        log(f"{bench.file}: built from {entry.get('source')}, now asked for {described}; building again")
+    elif not force and _up_to_date(target, entry, log):
+        log(f"{bench.file}: present, checksum matches the manifest -- skipped")
+        return _report_from_entry(target, entry)
     log(f"{bench.file}: building {bench.title} from {described}")
     raws = [temp_beside(out / f"{bench.name}-raw", f"-{name}") for _, name in sources]
     tmp = temp_beside(target, ".build")

@@ -771,6 +771,37 @@ def evaluate(
     return summary
 
 
+def rescore(out_dir: str | Path, benchmark: Optional[Any] = None) -> dict:
+    """Score an output directory's ``responses.jsonl`` again (a verifier fix, a new scorer) without any endpoint:
+    the test file and sampling come from its ``run.json``; ``results.parquet`` and ``summary.json`` are rewritten
+    (the summary keeps the ``checkpoint`` / ``serve`` records of the run that generated the answers)."""
+    out_dir = Path(out_dir)
+    try:
+        meta = json.loads((out_dir / RUN_META).read_text())
+    except (OSError, ValueError) as exc:
+        raise EvalError(f"{out_dir}: no readable {RUN_META} ({exc}); is it an evaluation output directory?") from None
+    test_file = Path(meta["test_file"])
+    if file_sha256(test_file) != meta.get("test_file_sha256"):
+        raise EvalError(f"{test_file} changed since {out_dir} was generated (sha256 differs from {RUN_META})")
+    cfg = ClientConfig(model=meta["model"], temperature=meta["temperature"], top_p=meta["top_p"],
+                       max_tokens=meta["max_tokens"], seed=meta.get("seed"))
+    df, rows = load_test_file(test_file)
+    if meta.get("rows") is not None and meta["rows"] < len(rows):  # generated with --limit
+        cfg.limit = meta["rows"]
+        df, rows = df.iloc[: meta["rows"]].copy(), rows[: meta["rows"]]
+    try:
+        old = json.loads((out_dir / SUMMARY).read_text()).get("config", {})
+    except (OSError, ValueError):
+        old = {}
+    extra = {k: v for k, v in old.items() if k in ("checkpoint", "serve")}
+    responses = ResponseLog(out_dir / RESPONSES)
+    try:
+        check_resume(responses, rows)
+        return summarize(cfg, test_file, df, rows, responses.records, RunStats(), out_dir, extra, benchmark)
+    finally:
+        responses.close()
+
+
 class _Progress:
     """A log line every 5 % (works in Kubernetes logs, unlike a redrawn bar)."""
 

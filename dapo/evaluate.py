@@ -132,7 +132,35 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_args(sub.add_parser("serve", help="serve an HF model directory with Ray Serve LLM (blocking)"))
     add_export_args(sub.add_parser("export", help="checkpoint (verl FSDP shards) -> HF model directory"))
     _run_parser(sub)
+    sc = sub.add_parser("score", help="score the stored answers again (no endpoint): a verifier fix, math-verify")
+    sc.add_argument("output", help="an output directory (run.json + responses.jsonl), or a `run --output` directory "
+                    "(every global_step_N/<benchmark> below it; results.csv rebuilt)")
     return parser
+
+
+def score_main(args: argparse.Namespace) -> int:
+    """Rescore every output directory at or below ``args.output``; rebuild ``results.csv`` of a run output."""
+    from dapo import eval_client, eval_results
+    from dapo.benchmarks import BENCHMARKS
+
+    base = Path(args.output)
+    dirs = sorted({p.parent for p in base.rglob(eval_client.RUN_META)})
+    if not dirs:
+        print(f"dapo eval score: no {eval_client.RUN_META} at or below {base}", file=sys.stderr)
+        return 2
+    rc = 0
+    for d in dirs:
+        try:
+            s = eval_client.rescore(d, BENCHMARKS.get(d.name))
+        except eval_client.EvalError as exc:
+            print(f"dapo eval score: {exc}", file=sys.stderr)
+            rc = 1
+            continue
+        print(f"== {d} ==\n{eval_client.format_summary(s)}")
+        rc = rc or (0 if s["complete"] else 1)
+    if any(eval_results.STEP_DIR.match(p.name) for p in base.iterdir() if p.is_dir()):
+        print(f"wrote {eval_results.write_results(base)}")
+    return rc
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -385,6 +413,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         from dapo.export import main_args
 
         return main_args(args)
+    if args.command == "score":
+        return score_main(args)
     return run_main(args)
 
 

@@ -422,3 +422,16 @@ def test_hub_download_of_the_benchmarks_asks_for_their_dataset_files(tmp_path, m
                               log=lambda _: None)
     assert calls == [("math-ai/aime25", "test.jsonl", "dataset"), ("HuggingFaceH4/MATH-500", "test.jsonl", "dataset")]
     assert no_temp_files(out)
+
+
+def test_a_benchmark_is_rebuilt_when_its_source_changes(tmp_path, mirror):
+    out = tmp_path / "out"
+    data.prepare(out, source_dir=str(mirror), log=lambda _: None, benchmarks=["aime25"])
+    other = [{"question": f"Other problem {i}", "answer": str(i)} for i in range(30)]
+    src = write_jsonl(tmp_path / "oc" / "aime2025-I.jsonl", other[:15])
+    write_jsonl(src.parent / "aime2025-II.jsonl", other[15:])
+    logs: list[str] = []
+    data.prepare(out, source_dir=str(mirror), log=logs.append, benchmarks=["aime25"],
+                 benchmark_repos={"aime25": str(src.parent)})
+    assert any("building again" in line for line in logs)
+    assert data.load_rows(out / "aime-2025.parquet")[0]["extra_info"]["raw_problem"] == "Other problem 0"

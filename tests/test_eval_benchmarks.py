@@ -188,3 +188,28 @@ def test_report_draws_accuracy_per_benchmark_against_step_beside_the_published_p
     assert any(line.split()[:4] == ["math500", "3", "x", "2"] for line in text.splitlines()), text
     # the published points are the paper's/repository's end-of-training AIME-2024 avg@32, nothing invented
     assert sorted(p["avg"] for p in PUBLISHED["aime24"]) == [0.44, 0.50] and set(PUBLISHED) == {"aime24"}
+
+
+def test_score_rescores_stored_answers_without_an_endpoint(tmp_path, fake_serving, capsys):
+    from dapo import evaluate
+
+    f = bench_file(tmp_path / "m.parquet", "math500", TRUTH["math500"])
+    run = local_run(tmp_path, [1], writing=2)
+    out = tmp_path / "eval"
+    assert evaluate.main(["run", "--checkpoint-dir", str(run), "--step", "all", "--output", str(out), "--no-progress",
+                          "--benchmarks", f"math500={f}"]) == 0  # fmt: skip
+    d = out / "global_step_1" / "math500"
+    summary = json.loads((d / "summary.json").read_text())
+    # as if scored before math-verify existed: drop its column, the table follows the summaries
+    summary["metrics_by_scorer"] = {"dapo": summary["metrics"]}
+    (d / "summary.json").write_text(json.dumps(summary))
+    eval_results.write_results(out)
+    assert eval_results.read_results(out / "results.csv")[0]["avg_math_verify"] is None
+    n_requests = len(fake_serving["srv"].requests)
+    assert evaluate.main(["score", str(out)]) == 0
+    assert len(fake_serving["srv"].requests) == n_requests and len(fake_serving["start"]) == 1, "no generation"
+    again = json.loads((d / "summary.json").read_text())
+    assert again["metrics_by_scorer"]["math_verify"]["acc/mean@2"] == pytest.approx(2 / 3)
+    assert again["config"]["checkpoint"]["step"] == 1, "the run's checkpoint record is kept"
+    assert eval_results.read_results(out / "results.csv")[0]["avg_math_verify"] == pytest.approx(2 / 3)
+    assert evaluate.main(["score", str(tmp_path / "nothing-here")]) == 2
