@@ -87,3 +87,28 @@ def test_benchmark_data_sources_are_scored_by_verls_math_dapo_verifier():
     text = "Some work.\nAnswer: \\frac{1}{2}"
     for b in benchmarks.BENCHMARKS.values():
         assert default_compute_score(b.data_source, text, "\\frac{1}{2}") == math_dapo(text, "\\frac{1}{2}"), b.name
+
+
+def test_verl_backend_validates_each_data_source_with_verls_own_reward_loop_agreeing(tmp_path):
+    """The same over the verl backend (verl DataProto plumbing, verl's DAPO reward manager on the stand-in workers):
+    verl's reward loop routes every benchmark's data_source to math_dapo (it raises for an unknown one) and the loop
+    logs one val-core metric per source."""
+    pytest.importorskip("verl")
+    from test_verl_backend import SMALL, CharTokenizer, CpuStandInWorkers, _rows
+
+    from dapo import verl_config
+    from dapo.backends.verl import VerlBackend
+
+    preset = load_preset("smoke", SMALL)
+    cfg = verl_config.resolve(preset).cfg
+    tok = CharTokenizer()
+    val = _rows(6, start=100)
+    for row, b in zip(val, [b for b in benchmarks.BENCHMARKS.values() for _ in range(2)]):
+        row["data_source"] = b.data_source
+    loop = DAPOLoop(preset, VerlBackend(cfg, preset, CpuStandInWorkers(cfg, tok), tok), _rows(60), val,
+                    tmp_path, progress=False, log=lambda s: None)  # fmt: skip
+    assert loop.fit() == 0
+    last = loop.val_history[-1][1]
+    k = preset.recipe.rollout.val.n
+    assert sorted(key for key in last if key.startswith("val-core/")) == sorted(
+        f"val-core/{b.data_source}/acc/mean@{k}" for b in benchmarks.BENCHMARKS.values())
