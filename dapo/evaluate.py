@@ -226,16 +226,12 @@ def _done(out_dir: Path) -> bool:
 
 def _steps(args: argparse.Namespace) -> list[Any]:
     """The steps to evaluate: ``all`` = every complete checkpoint (``--stride S``: steps divisible by S), else one."""
-    from dapo.export import ExportError, complete_steps
+    from dapo.export import complete_steps
 
     if str(args.step) != "all":
-        if args.stride is not None:
-            raise ExportError("--stride goes with --step all")
         return [args.step]
     steps = complete_steps(args.checkpoint_dir)
     if args.stride is not None:
-        if args.stride < 1:
-            raise ExportError(f"--stride must be >= 1, got {args.stride}")
         steps = [s for s in steps if s % args.stride == 0]
     return steps
 
@@ -281,11 +277,19 @@ def run_main(args: argparse.Namespace) -> int:
             hint = " (run `dapo data prepare`)" if t.benchmark is not None else ""
             print(f"dapo eval run: test file {t.test_file} of {t.name} does not exist{hint}", file=sys.stderr)
             return 2
+    if args.stride is not None and (str(args.step) != "all" or args.stride < 1):
+        print(f"dapo eval run: --stride N (N >= 1) goes with --step all (got --step {args.step} --stride "
+              f"{args.stride})", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.hf_dir and str(args.step) == "all":
+        print("dapo eval run: --hf-dir names one export target; with --step all each step exports to "
+              "CKPT/global_step_N/hf", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         steps = _steps(args)
     except ExportError as exc:
         print(f"dapo eval run: {exc}", file=sys.stderr)
-        return 2 if "--stride" in str(exc) else 1
+        return 1
     if not steps:
         print(f"dapo eval run: no complete checkpoint in {args.checkpoint_dir} yet", file=sys.stderr)
         return 1
@@ -300,8 +304,7 @@ def run_main(args: argparse.Namespace) -> int:
                     print(f"[eval] step {step}: every benchmark already has a result -- skipped", flush=True)
                     continue
             try:
-                exported = export_checkpoint(args.checkpoint_dir, step, args.hf_dir if len(steps) == 1 else None,
-                                             dtype=args.dtype)
+                exported = export_checkpoint(args.checkpoint_dir, step, args.hf_dir, dtype=args.dtype)
             except ExportError as exc:
                 print(f"dapo eval run: export: {exc}", file=sys.stderr)
                 rc = 1
