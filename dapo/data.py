@@ -6,6 +6,8 @@
     BytedTsinghua-SIA/DAPO-Math-17k  data/dapo-math-17k.parquet  ->  OUT/dapo-math-17k.parquet
     BytedTsinghua-SIA/AIME-2024      data/aime-2024.parquet      ->  OUT/aime-2024.parquet
 
+then builds the evaluation benchmarks AIME-2025 (``aime-2025.parquet``, 30 x 32) and MATH-500 (``math-500.parquet``,
+500 x 4) from their hub datasets in the same schema and prompt template (:mod:`dapo.benchmarks`; ``--benchmarks``),
 validates every row, reports unique vs total prompts (the hub training file is ~17.9k problems, each repeated ~100
 times: 1,791,700 rows), optionally writes a de-duplicated training file (``dapo-math-17k-dedup.parquet``) and prints
 what one epoch over each file means in rollout and gradient steps for the presets (see ``dapo.plan``).

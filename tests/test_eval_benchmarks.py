@@ -168,7 +168,8 @@ def test_unknown_benchmark_or_missing_file_is_a_usage_error(tmp_path, capsys):
     assert "unknown benchmark 'gsm8k'" in capsys.readouterr().err
     assert evaluate.main(["run", "--checkpoint-dir", str(run), "--benchmarks", "aime25", "--data-dir",
                           str(tmp_path)]) == 2  # fmt: skip
-    assert f"{tmp_path / 'aime-2025.parquet'} of aime25 does not exist (run `dapo data prepare`)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'aime-2025.parquet'} of aime25 does not exist (run `dapo data prepare`)" in err
 
 
 def test_report_draws_accuracy_per_benchmark_against_step_beside_the_published_points(tmp_path, fake_serving, capsys):
