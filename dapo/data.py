@@ -6,6 +6,8 @@
     BytedTsinghua-SIA/DAPO-Math-17k  data/dapo-math-17k.parquet  ->  OUT/dapo-math-17k.parquet
     BytedTsinghua-SIA/AIME-2024      data/aime-2024.parquet      ->  OUT/aime-2024.parquet
 
+then builds the evaluation benchmarks AIME-2025 (``aime-2025.parquet``, 30 x 32) and MATH-500 (``math-500.parquet``,
+500 x 4) from their hub datasets in the same schema and prompt template (:mod:`dapo.benchmarks`; ``--benchmarks``),
 validates every row, reports unique vs total prompts (the hub training file is ~17.9k problems, each repeated ~100
 times: 1,791,700 rows), optionally writes a de-duplicated training file (``dapo-math-17k-dedup.parquet``) and prints
 what one epoch over each file means in rollout and gradient steps for the presets (see ``dapo.plan``).
@@ -34,6 +36,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -66,6 +69,8 @@ MANIFEST = "manifest.json"
 # AIME-2024 as DAPO evaluates it: 30 problems, each repeated 32 times, so one sample per row gives avg@32.
 AIME_PROBLEMS = 30
 AIME_REPEATS = 32
+# evaluation benchmarks `prepare` builds beside the two release files (dapo.benchmarks)
+EXTRA_BENCHMARKS = ("aime25", "math500")
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 CHAT_ROLES = ("system", "user", "assistant")
@@ -377,19 +382,33 @@ def _scan_table(table: pa.Table, path: str) -> _Scanner:
     return sc
 
 
+def check_layout(report: FileReport, problems: int, copies: int, title: str = "the benchmark") -> list[Problem]:
+    """An evaluation file's layout: ``problems`` distinct prompts, each exactly ``copies`` times (avg@copies from one
+    sample per row), ``problems x copies`` rows."""
+    out = []
+    want_rows = problems * copies
+    if report.rows != want_rows:
+        out.append(Problem("*", f"file has {report.rows} rows; {title} for avg@{copies} has {want_rows} "
+                                f"({problems} problems x {copies})"))
+    if report.unique_prompts is not None and report.unique_prompts != problems:
+        out.append(Problem("prompt", f"has {report.unique_prompts} unique prompts; {title} has {problems}"))
+    if report.min_repeats is not None and not (report.min_repeats == report.max_repeats == copies):
+        out.append(Problem("prompt", f"prompts are repeated {report.min_repeats}-{report.max_repeats}x; "
+                                     f"expected each exactly {copies}x"))
+    return out
+
+
 def check_aime(report: FileReport) -> list[Problem]:
     """AIME-2024 as DAPO evaluates it: 30 problems x 32 repeats = 960 rows (avg@32 from one sample per row)."""
-    out = []
-    want_rows = AIME_PROBLEMS * AIME_REPEATS
-    if report.rows != want_rows:
-        out.append(Problem("*", f"file has {report.rows} rows; AIME-2024 for avg@32 has {want_rows} "
-                                f"({AIME_PROBLEMS} problems x {AIME_REPEATS})"))
-    if report.unique_prompts is not None and report.unique_prompts != AIME_PROBLEMS:
-        out.append(Problem("prompt", f"has {report.unique_prompts} unique prompts; AIME-2024 has {AIME_PROBLEMS}"))
-    if report.min_repeats is not None and not (report.min_repeats == report.max_repeats == AIME_REPEATS):
-        out.append(Problem("prompt", f"prompts are repeated {report.min_repeats}-{report.max_repeats}x; "
-                                     f"expected each exactly {AIME_REPEATS}x"))
-    return out
+    return check_layout(report, AIME_PROBLEMS, AIME_REPEATS, "AIME-2024")
+
+
+def parse_layout(spec: str) -> tuple[int, int]:
+    """``"30x32"`` -> (30, 32)."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*", spec)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise DataError(f"layout must be PROBLEMSxCOPIES (e.g. 30x32), got {spec!r}")
+    return int(m.group(1)), int(m.group(2))
 
 
 def _drop_index(table: pa.Table) -> pa.Table:
@@ -449,14 +468,18 @@ def _scan_file(path: str | os.PathLike, batch_rows: int) -> _Scanner:
 
 
 def check_file(path: str | os.PathLike, *, aime: bool = False, checksum: bool = True,
-               batch_rows: int = 65536) -> FileReport:
+               batch_rows: int = 65536, layout: Optional[tuple[int, int]] = None,
+               title: str = "the benchmark") -> FileReport:
     """Validate a parquet file in the DAPO schema, streaming ``batch_rows`` rows at a time.
 
-    ``aime`` adds the 30 x 32 AIME-2024 checks. Problems name the first bad row (0-based) and the column.
+    ``aime`` adds the 30 x 32 AIME-2024 checks, ``layout=(problems, copies)`` those of any "N problems x k" file.
+    Problems name the first bad row (0-based) and the column.
     """
     report = _scan_file(path, batch_rows).report()
     if aime and report.ok:
         report.problems += check_aime(report)
+    if layout is not None and report.ok:
+        report.problems += check_layout(report, *layout, title)
     if checksum:
         report.sha256 = sha256_file(Path(path))
     return report
@@ -721,18 +744,85 @@ def _write_dedup(out: Path, train: FileReport, manifest: dict[str, Any], *, forc
     return report
 
 
+def _benchmark_sources(bench, spec: str, source_dir: Optional[str],
+                       revision: Optional[str]) -> list[tuple[Source, str]]:
+    """The raw problem file(s) of ``bench`` as (source, file name): a local file, a local copy of a dataset
+    repository, or a known hub dataset's files (from the ``--source`` mirror or the hub)."""
+    from dapo.benchmarks import KNOWN_SOURCES
+
+    if spec.startswith("file://"):
+        spec = spec[len("file://"):]
+    if Path(spec).is_file():
+        return [(resolve_source(spec, Path(spec).name), Path(spec).name)]
+    known = KNOWN_SOURCES.get(bench.name, {})
+    if Path(spec).is_dir():
+        paths = bench.paths if (Path(spec) / bench.paths[0]).exists() else next(
+            (ps for ps in known.values() if (Path(spec) / ps[0]).exists()), bench.paths)
+        return [(resolve_source(spec, p), Path(p).name) for p in paths]
+    if spec not in known:
+        raise DataError(f"--{bench.name}-repo {spec!r}: not a local file and not a known {bench.title} dataset "
+                        f"({', '.join(known)}); pass a jsonl/json/parquet file with problem and answer columns")
+    return [(resolve_source(spec, p, source_dir=source_dir, revision=revision), Path(p).name) for p in known[spec]]
+
+
+def _fetch_benchmark(out: Path, bench, spec: str, manifest: dict[str, Any], *, source_dir: Optional[str],
+                     revision: Optional[str], force: bool, log: Callable[[str], None]) -> FileReport:
+    """Raw problems -> ``out/<bench.file>`` in the DAPO schema and prompt template, checked as N problems x k."""
+    from dapo.benchmarks import BenchmarkError, write_benchmark
+
+    target = out / bench.file
+    entry = manifest["files"].get(bench.file)
+    sources = _benchmark_sources(bench, spec, source_dir, revision)
+    described = " + ".join(s.description for s, _ in sources)
+    if not force and entry and entry.get("source") != described:
+        log(f"{bench.file}: built from {entry.get('source')}, now asked for {described}; building again")
+    elif not force and _up_to_date(target, entry, log):
+        log(f"{bench.file}: present, checksum matches the manifest -- skipped")
+        return _report_from_entry(target, entry)
+    log(f"{bench.file}: building {bench.title} from {described}")
+    raws = [temp_beside(out / f"{bench.name}-raw", f"-{name}") for _, name in sources]
+    tmp = temp_beside(target, ".build")
+    try:
+        for (src, _), raw in zip(sources, raws):
+            src.fetch(raw)
+        raw_sha = [sha256_file(r) for r in raws]
+        try:
+            write_benchmark(bench, raws, tmp, described)
+        except BenchmarkError as exc:
+            raise DataError(f"{bench.title}: {exc}; nothing in {out} was replaced") from None
+        report = check_file(tmp, layout=(bench.problems, bench.copies), title=bench.title)
+        if not report.ok:  # pragma: no cover - our own output; guards a regression
+            raise DataError(f"{bench.title}: the built file failed its check:\n  " +
+                            "\n  ".join(str(p) for p in report.problems))
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+        for r in raws:
+            r.unlink(missing_ok=True)
+    report.path = str(target)
+    manifest["files"][bench.file] = _entry(report, described, raw_sha256=raw_sha, benchmark=bench.name,
+                                           layout=f"{bench.problems}x{bench.copies}")
+    _save_manifest(out, manifest)
+    return report
+
+
 @dataclass
 class PrepareResult:
     out: Path
     train: FileReport
     val: FileReport
     dedup: Optional[FileReport] = None
+    benchmarks: dict[str, FileReport] = field(default_factory=dict)
 
 
 def prepare(out: str | os.PathLike, *, dedup: bool = False, train_repo: str = TRAIN_REPO,
             val_repo: str = VAL_REPO, source_dir: Optional[str] = None, revision: Optional[str] = None,
-            force: bool = False, log: Callable[[str], None] = print) -> PrepareResult:
-    """Fetch + validate the training and AIME files into ``out`` (idempotent; see the module docstring)."""
+            force: bool = False, log: Callable[[str], None] = print,
+            benchmarks: Iterable[str] = EXTRA_BENCHMARKS,
+            benchmark_repos: Optional[dict[str, str]] = None) -> PrepareResult:
+    """Fetch + validate the training and AIME files into ``out``, then build the extra evaluation ``benchmarks``
+    (AIME-2025, MATH-500; :mod:`dapo.benchmarks`) from ``benchmark_repos`` (name -> hub id or file; default the
+    benchmark's hub dataset). Idempotent; see the module docstring."""
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = _load_manifest(out_dir)
@@ -743,6 +833,16 @@ def prepare(out: str | os.PathLike, *, dedup: bool = False, train_repo: str = TR
     result = PrepareResult(out_dir, train, val)
     if dedup:
         result.dedup = _write_dedup(out_dir, train, manifest, force=force, log=log)
+    from dapo.benchmarks import get as get_benchmark
+
+    for name in benchmarks:
+        bench = get_benchmark(name)
+        if bench.repo is None:
+            continue  # aime24: the release's ready-made file, fetched above
+        spec = (benchmark_repos or {}).get(name) or bench.repo
+        result.benchmarks[name] = _fetch_benchmark(out_dir, bench, spec, manifest, source_dir=source_dir,
+                                                   revision=revision if spec == bench.repo else None, force=force,
+                                                   log=log)
     return result
 
 
@@ -792,9 +892,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="fetch again even when the checksum matches")
     p.add_argument("--preset", action="append", default=None,
                    help="preset(s) to print epochs/steps for (default: early, full)")
+    p.add_argument("--benchmarks", default=",".join(EXTRA_BENCHMARKS),
+                   help="evaluation benchmarks to build beside the two release files (comma list; '' for none)")
+    p.add_argument("--aime25-repo", default=None,
+                   help="AIME-2025 source: math-ai/aime25 (default), opencompass/AIME2025, or a jsonl/json/parquet "
+                   "file with problem (or question) and answer columns")
+    p.add_argument("--math500-repo", default=None,
+                   help="MATH-500 source: HuggingFaceH4/MATH-500 (default) or a file with its columns")
     c = sub.add_parser("check", help="validate a parquet file in the DAPO schema")
     c.add_argument("file")
     c.add_argument("--aime", action="store_true", help="also check the AIME-2024 layout (30 problems x 32)")
+    c.add_argument("--benchmark", default=None, help="also check this benchmark's layout (aime24, aime25, math500)")
+    c.add_argument("--layout", default=None, metavar="NxK", help="also check N problems x K copies (e.g. 30x32)")
     c.add_argument("--json", action="store_true", help="machine-readable report")
     return ap
 
@@ -803,16 +912,33 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.cmd == "check":
-            report = check_file(args.file, aime=args.aime)
+            layout, title = (parse_layout(args.layout), "the file") if args.layout else (None, "the benchmark")
+            if args.benchmark:
+                from dapo.benchmarks import BenchmarkError, get as get_benchmark
+
+                try:
+                    b = get_benchmark(args.benchmark)
+                except BenchmarkError as exc:
+                    raise DataError(str(exc)) from None
+                layout, title = (b.problems, b.copies), b.title
+            report = check_file(args.file, aime=args.aime, layout=layout, title=title)
             print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
             return 0 if report.ok else 1
+        from dapo.benchmarks import BenchmarkError, parse_list
+
+        try:
+            benches = [b.name for b, _ in parse_list(args.benchmarks)] if args.benchmarks.strip() else []
+        except BenchmarkError as exc:
+            raise DataError(f"--benchmarks: {exc}") from None
+        repos = {k: v for k, v in (("aime25", args.aime25_repo), ("math500", args.math500_repo)) if v}
         result = prepare(args.out, dedup=args.dedup, train_repo=args.train_repo, val_repo=args.val_repo,
-                         source_dir=args.source, revision=args.revision, force=args.force)
+                         source_dir=args.source, revision=args.revision, force=args.force, benchmarks=benches,
+                         benchmark_repos=repos)
     except DataError as exc:
         print(f"dapo data: {exc}", file=sys.stderr)
         return 1
     print()
-    for rep in (result.train, result.val, result.dedup):
+    for rep in (result.train, result.val, result.dedup, *result.benchmarks.values()):
         if rep is not None:
             print(rep.summary())
     files = {TRAIN_FILE: result.train.rows}

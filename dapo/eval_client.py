@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import random
+import re
 import socket
 import sys
 import time
@@ -462,17 +463,62 @@ def _log_error(out_dir: Path, row: int, error: str, attempts: int) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def score_records(rows: list[TestRow], records: dict[int, dict]) -> list[tuple[TestRow, dict, dict]]:
-    """(row, answer record, verifier result) for every answered row, in row order."""
+SCORERS = ("dapo", "math_verify")
+_ANSWER_LINE = re.compile(r"(?i)Answer\s*:\s*(.+)")
+
+
+def math_verify_answer(content: str, ground_truth: str) -> bool:
+    """math-verify's verdict on an answer to a DAPO-template prompt: the text after the last ``Answer:`` in the last
+    300 characters (the DAPO verifier's window) is parsed as LaTeX (``$...$``, then as a plain expression), else the
+    tail with math-verify's default extraction (``\\boxed{}``, LaTeX, expressions); gold = ``\\boxed{ground_truth}``;
+    ``math_verify.verify`` decides (symbolic equivalence: ``\\frac{6}{4}`` = ``1.5`` = ``3/2``, intervals, sets,
+    ``\\text{(C)}`` = ``(C)``). False when either side does not parse."""
+    from dapo.reward import _load_math_verify
+
+    mv = _load_math_verify()
+    tail = (content or "")[-300:]
+    try:
+        gold = mv.parse("\\boxed{" + str(ground_truth) + "}")
+        lines = _ANSWER_LINE.findall(tail)
+        if lines:
+            ans = lines[-1].strip().strip("$").strip().rstrip(".").strip()
+            cand = mv.parse("$" + ans + "$") or mv.parse(ans)
+        else:
+            cand = mv.parse(tail)
+        return bool(gold) and bool(cand) and bool(mv.verify(gold, cand))
+    except Exception:  # math-verify raises on pathological input (and times out via SIGALRM): not verified
+        return False
+
+
+def score_records(
+    rows: list[TestRow], records: dict[int, dict], scorers: tuple[str, ...] = ("dapo",)
+) -> list[tuple[TestRow, dict, dict]]:
+    """(row, answer record, verifier result) for every answered row, in row order. The result is the DAPO verifier's
+    ``{score, acc, pred}``; with ``"math_verify"`` in ``scorers`` also ``acc_math_verify`` (math-verify's symbolic
+    equivalence with ``\\boxed{ground_truth}``, :func:`math_verify_answer`)."""
     from dapo.reward import compute_score
 
+    unknown = [s for s in scorers if s not in SCORERS]
+    if unknown:
+        raise EvalError(f"unknown scorer(s) {unknown}; known: {list(SCORERS)}")
+    if "math_verify" in scorers:
+        try:
+            from dapo.reward import _load_math_verify
+
+            _load_math_verify()
+        except ImportError as exc:
+            raise EvalError(f"{exc} (the MATH-500 score that is comparable with published figures needs it)") from None
     out = []
     for row in rows:
         rec = records.get(row.row)
         if rec is None:
             continue
-        res = compute_score(rec.get("content") or "", row.ground_truth)
-        out.append((row, rec, {"score": float(res["score"]), "acc": bool(res["acc"]), "pred": res.get("pred")}))
+        content = rec.get("content") or ""
+        res = compute_score(content, row.ground_truth)
+        scored = {"score": float(res["score"]), "acc": bool(res["acc"]), "pred": res.get("pred")}
+        if "math_verify" in scorers:
+            scored["acc_math_verify"] = math_verify_answer(content, row.ground_truth)
+        out.append((row, rec, scored))
     return out
 
 
@@ -496,25 +542,37 @@ def summarize(
     stats: RunStats,
     out_dir: Path,
     extra: Optional[dict] = None,
+    benchmark: Optional[Any] = None,
 ) -> dict:
     """Verify every answer, write ``results.parquet`` (the test rows + ``output`` + ``res`` like the DAPO script, plus
-    per-row columns) and ``summary.json``; return the summary."""
+    per-row columns) and ``summary.json``; return the summary. ``benchmark`` (:class:`dapo.benchmarks.Benchmark`)
+    chooses the scorers: ``metrics`` is always the DAPO verifier's; ``metrics_by_scorer`` adds math-verify's where the
+    benchmark asks for it, and ``score`` is 100 x avg@k of the scorer comparable with published figures."""
     from dapo.eval_metrics import ScoredAnswer, aime_metrics, length_stats, per_problem
 
-    scored = score_records(rows, records)
-    answers = [
-        ScoredAnswer(
-            row=row.row,
-            problem=row.problem,
-            acc=res["acc"],
-            pred=None if res["pred"] is None else str(res["pred"]),
-            completion_tokens=rec.get("completion_tokens"),
-            finish_reason=rec.get("finish_reason"),
-        )
-        for row, rec, res in scored
-    ]
+    scorers = tuple(benchmark.scorers) if benchmark is not None else ("dapo",)
+    scored = score_records(rows, records, scorers)
+
+    def answers_for(acc_key: str) -> list:
+        return [
+            ScoredAnswer(
+                row=row.row,
+                problem=row.problem,
+                acc=res[acc_key],
+                pred=None if res["pred"] is None else str(res["pred"]),
+                completion_tokens=rec.get("completion_tokens"),
+                finish_reason=rec.get("finish_reason"),
+            )
+            for row, rec, res in scored
+        ]
+
+    answers = answers_for("acc")
     metrics = aime_metrics(answers)
     k = metrics["k"]
+    # math-verify: the same avg/pass over its verdicts; cons@k votes over the DAPO-normalised predictions and asks
+    # math-verify whether the winner (the first answer carrying the most frequent prediction) is correct
+    by_scorer = {s: (metrics if s == "dapo" else aime_metrics(answers_for(f"acc_{s}"))) for s in scorers}
+    comparable = benchmark.comparable if benchmark is not None else "dapo"
     missing = sorted(r.row for r in rows if r.row not in records)
     complete = not missing
     summary = {
@@ -523,6 +581,11 @@ def summarize(
         "answered": len(answers),
         "missing_rows": missing,
         "metrics": metrics,
+        "metrics_by_scorer": by_scorer,
+        "benchmark": None if benchmark is None else benchmark.name,
+        "comparable_scorer": comparable,
+        # 100 x avg@k of the scorer comparable with published figures (AIME: the DAPO verifier; MATH-500: math-verify)
+        "score": None if not answers else round(100.0 * by_scorer[comparable][f"acc/mean@{k}"], 2),
         # The paper's number ("AIME 50" = 50.0): 100 x acc/mean@k over the complete 960-row file.
         "aime_score": None if not answers else round(100.0 * metrics[f"acc/mean@{k}"], 2),
         "per_problem": per_problem(answers),
@@ -551,6 +614,8 @@ def summarize(
     df["res"] = [res_by_row[r.row][1] if r.row in res_by_row else None for r in rows]
     df["acc"] = [res_by_row[r.row][1]["acc"] if r.row in res_by_row else None for r in rows]
     df["pred"] = [res_by_row[r.row][1]["pred"] if r.row in res_by_row else None for r in rows]
+    for sc in scorers[1:]:
+        df[f"acc_{sc}"] = [res_by_row[r.row][1][f"acc_{sc}"] if r.row in res_by_row else None for r in rows]
     for col in ("finish_reason", "completion_tokens", "prompt_tokens"):
         df[col] = [res_by_row[r.row][0].get(col) if r.row in res_by_row else None for r in rows]
     tmp = out_dir / (RESULTS + ".tmp")
@@ -566,11 +631,20 @@ def summarize(
 def format_summary(summary: dict) -> str:
     m = summary["metrics"]
     k = m["k"]
-    lines = [
-        f"acc/mean@{k}: {m[f'acc/mean@{k}']}",
-        f"AIME-2024 avg@{k} (the paper's number): {summary['aime_score']}",
-        f"pass@{k}: {m[f'pass@{k}']}   cons@{k}: {m[f'cons@{k}']}   ({m['problems']} problems, {m['answers']} answers)",
-    ]
+    bench = summary.get("benchmark") or "aime24"
+    lines = [f"acc/mean@{k}: {m[f'acc/mean@{k}']}"]
+    if bench == "aime24":
+        lines.append(f"AIME-2024 avg@{k} (the paper's number): {summary['aime_score']}")
+    for sc, sm in (summary.get("metrics_by_scorer") or {}).items():
+        if sc != "dapo":
+            lines.append(f"{sc}: acc/mean@{k} {sm[f'acc/mean@{k}']}   pass@{k} {sm[f'pass@{k}']}   "
+                         f"cons@{k} {sm[f'cons@{k}']}")
+    if bench != "aime24" and summary.get("score") is not None:
+        lines.append(f"{bench} avg@{k} x 100 by {summary.get('comparable_scorer')} (comparable with published "
+                     f"figures): {summary['score']}")
+    lines.append(
+        f"pass@{k}: {m[f'pass@{k}']}   cons@{k}: {m[f'cons@{k}']}   ({m['problems']} problems, {m['answers']} answers)"
+    )
     ls = summary["response_length"]["all"]
     lines.append(
         f"response length: mean {ls['mean']} p50 {ls['p50']} max {ls['max']} tokens; "
@@ -598,20 +672,24 @@ def log_wandb(summary: dict, project: Optional[str], run_name: Optional[str]) ->
 
     m = summary["metrics"]
     k = m["k"]
+    b = summary.get("benchmark") or "aime24"
     run = wandb.init(project=project, name=run_name, job_type="eval", config=summary["config"])
     try:
         data = {
-            f"eval/aime24/acc/mean@{k}": m[f"acc/mean@{k}"],
-            f"eval/aime24/pass@{k}": m[f"pass@{k}"],
-            f"eval/aime24/cons@{k}": m[f"cons@{k}"],
-            "eval/aime24/response_length/mean": summary["response_length"]["all"]["mean"],
-            "eval/aime24/clip_ratio": summary["response_length"]["clip_ratio"],
-            "eval/aime24/tokens_per_s": summary["this_run"]["tokens_per_s"],
+            f"eval/{b}/acc/mean@{k}": m[f"acc/mean@{k}"],
+            f"eval/{b}/pass@{k}": m[f"pass@{k}"],
+            f"eval/{b}/cons@{k}": m[f"cons@{k}"],
+            f"eval/{b}/response_length/mean": summary["response_length"]["all"]["mean"],
+            f"eval/{b}/clip_ratio": summary["response_length"]["clip_ratio"],
+            f"eval/{b}/tokens_per_s": summary["this_run"]["tokens_per_s"],
         }
+        for sc, sm in (summary.get("metrics_by_scorer") or {}).items():
+            if sc != "dapo":
+                data[f"eval/{b}/{sc}/acc/mean@{k}"] = sm[f"acc/mean@{k}"]
         table = wandb.Table(columns=["problem", "samples", "correct", "acc", "cons_pred", "cons_correct"])
         for p in summary["per_problem"]:
             table.add_data(p["problem"], p["samples"], p["correct"], p["acc"], p["cons_pred"], p["cons_correct"])
-        data["eval/aime24/per_problem"] = table
+        data[f"eval/{b}/per_problem"] = table
         run.log({k_: v for k_, v in data.items() if v is not None})
         run.summary["complete"] = summary["complete"]
     finally:
@@ -638,9 +716,10 @@ def evaluate(
     transport=None,
     progress: bool = True,
     extra: Optional[dict] = None,
+    benchmark: Optional[Any] = None,
 ) -> dict:
     """Run (or resume) the evaluation and write the reports; returns the summary (``extra`` is recorded in its
-    ``config``). Raises EvalError."""
+    ``config``; ``benchmark`` chooses the scorers, see :func:`summarize`). Raises EvalError."""
     test_file = Path(test_file)
     out_dir = Path(output)
     if wandb_project or os.environ.get("WANDB_PROJECT"):
@@ -648,6 +727,13 @@ def evaluate(
             import wandb  # noqa: F401  (fail before spending compute)
         except ImportError:
             raise EvalError("wandb logging is configured (--wandb-project / WANDB_PROJECT) but wandb is not installed")
+    if benchmark is not None and "math_verify" in benchmark.scorers:
+        try:  # fail before spending compute
+            from dapo.reward import _load_math_verify
+
+            _load_math_verify()
+        except ImportError as exc:
+            raise EvalError(f"{benchmark.title} is scored with math-verify too: {exc}") from None
     df, rows = load_test_file(test_file, cfg.limit)
     if not rows:
         raise EvalError(f"test file {test_file} has no rows")
@@ -678,11 +764,42 @@ def evaluate(
         stats = asyncio.run(run_requests(cfg, rows, responses, out_dir, progress=reporter, transport=transport))
         if reporter:
             reporter.close()
-        summary = summarize(cfg, test_file, df, rows, responses.records, stats, out_dir, extra)
+        summary = summarize(cfg, test_file, df, rows, responses.records, stats, out_dir, extra, benchmark)
     finally:
         responses.close()
     log_wandb(summary, wandb_project, wandb_run_name)
     return summary
+
+
+def rescore(out_dir: str | Path, benchmark: Optional[Any] = None) -> dict:
+    """Score an output directory's ``responses.jsonl`` again (a verifier fix, a new scorer) without any endpoint:
+    the test file and sampling come from its ``run.json``; ``results.parquet`` and ``summary.json`` are rewritten
+    (the summary keeps the ``checkpoint`` / ``serve`` records of the run that generated the answers)."""
+    out_dir = Path(out_dir)
+    try:
+        meta = json.loads((out_dir / RUN_META).read_text())
+    except (OSError, ValueError) as exc:
+        raise EvalError(f"{out_dir}: no readable {RUN_META} ({exc}); is it an evaluation output directory?") from None
+    test_file = Path(meta["test_file"])
+    if file_sha256(test_file) != meta.get("test_file_sha256"):
+        raise EvalError(f"{test_file} changed since {out_dir} was generated (sha256 differs from {RUN_META})")
+    cfg = ClientConfig(model=meta["model"], temperature=meta["temperature"], top_p=meta["top_p"],
+                       max_tokens=meta["max_tokens"], seed=meta.get("seed"))
+    df, rows = load_test_file(test_file)
+    if meta.get("rows") is not None and meta["rows"] < len(rows):  # generated with --limit
+        cfg.limit = meta["rows"]
+        df, rows = df.iloc[: meta["rows"]].copy(), rows[: meta["rows"]]
+    try:
+        old = json.loads((out_dir / SUMMARY).read_text()).get("config", {})
+    except (OSError, ValueError):
+        old = {}
+    extra = {k: v for k, v in old.items() if k in ("checkpoint", "serve")}
+    responses = ResponseLog(out_dir / RESPONSES)
+    try:
+        check_resume(responses, rows)
+        return summarize(cfg, test_file, df, rows, responses.records, RunStats(), out_dir, extra, benchmark)
+    finally:
+        responses.close()
 
 
 class _Progress:

@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -86,7 +87,15 @@ def _run_parser(sub) -> None:
         "--preset, which wins over the DAPO defaults (T=1.0, top_p=0.7, 20480 tokens).",
     )
     p.add_argument("--checkpoint-dir", default=None, help="trainer.default_local_dir of the run (or an HF dir)")
-    p.add_argument("--step", default="latest", help="'latest' or a step number")
+    p.add_argument("--step", default="latest",
+                   help="'latest', a step number, or 'all': every complete checkpoint without a result yet (one "
+                   "serving per checkpoint; rerun to continue)")
+    p.add_argument("--stride", type=int, default=None, help="with --step all: only steps divisible by STRIDE")
+    p.add_argument("--benchmarks", default=None,
+                   help="comma list of aime24, aime25, math500 (or NAME=PATH): every one scored against one serving "
+                   "of the checkpoint, results in OUTPUT/global_step_N/NAME/ (default: the single --test-file)")
+    p.add_argument("--data-dir", default=None,
+                   help="where `dapo data prepare` wrote the benchmark files (default: the --test-file's directory)")
     p.add_argument("--hf-dir", default=None, help="export target (default CKPT/global_step_N/hf)")
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="dtype of the exported weights")
     p.add_argument("--model-id", default=None, help="served model name (default <run dir name>-step<N>)")
@@ -123,7 +132,35 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_args(sub.add_parser("serve", help="serve an HF model directory with Ray Serve LLM (blocking)"))
     add_export_args(sub.add_parser("export", help="checkpoint (verl FSDP shards) -> HF model directory"))
     _run_parser(sub)
+    sc = sub.add_parser("score", help="score the stored answers again (no endpoint): a verifier fix, math-verify")
+    sc.add_argument("output", help="an output directory (run.json + responses.jsonl), or a `run --output` directory "
+                    "(every global_step_N/<benchmark> below it; results.csv rebuilt)")
     return parser
+
+
+def score_main(args: argparse.Namespace) -> int:
+    """Rescore every output directory at or below ``args.output``; rebuild ``results.csv`` of a run output."""
+    from dapo import eval_client, eval_results
+    from dapo.benchmarks import BENCHMARKS
+
+    base = Path(args.output)
+    dirs = sorted({p.parent for p in base.rglob(eval_client.RUN_META)})
+    if not dirs:
+        print(f"dapo eval score: no {eval_client.RUN_META} at or below {base}", file=sys.stderr)
+        return 2
+    rc = 0
+    for d in dirs:
+        try:
+            s = eval_client.rescore(d, BENCHMARKS.get(d.name))
+        except eval_client.EvalError as exc:
+            print(f"dapo eval score: {exc}", file=sys.stderr)
+            rc = 1
+            continue
+        print(f"== {d} ==\n{eval_client.format_summary(s)}")
+        rc = rc or (0 if s["complete"] else 1)
+    if any(eval_results.STEP_DIR.match(p.name) for p in base.iterdir() if p.is_dir()):
+        print(f"wrote {eval_results.write_results(base)}")
+    return rc
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -150,9 +187,60 @@ def _default_model_id(ckpt: Path, step: Optional[int]) -> str:
     return f"{base}-step{step}" if step is not None else base
 
 
+@dataclass
+class _Task:
+    """One benchmark of a checkpoint: its test file, its output subdirectory ('' = the step directory itself, the
+    single ``--test-file`` layout) and the benchmark (scorers), None for a plain test file."""
+
+    name: str
+    test_file: Path
+    sub: str
+    benchmark: Any = None
+
+
+def _tasks(args: argparse.Namespace) -> list[_Task]:
+    """``--benchmarks`` (files under ``--data-dir``, or ``name=path``) or the single ``--test-file``."""
+    from dapo.benchmarks import parse_list
+
+    if not args.benchmarks:
+        return [_Task("test_file", Path(args.test_file), "", None)]
+    data_dir = Path(args.data_dir) if args.data_dir else (Path(args.test_file).parent if args.test_file else None)
+    out = []
+    for bench, path in parse_list(args.benchmarks):
+        if path is None and data_dir is None:
+            raise ValueError(f"{bench.name}: give --data-dir (where `dapo data prepare` wrote {bench.file}) or "
+                             f"{bench.name}=PATH")
+        out.append(_Task(bench.name, Path(path) if path else data_dir / bench.file, bench.name, bench))
+    return out
+
+
+def _done(out_dir: Path) -> bool:
+    """A benchmark of a step is done when its summary says every row is answered."""
+    import json
+
+    try:
+        return bool(json.loads((out_dir / "summary.json").read_text()).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
+def _steps(args: argparse.Namespace) -> list[Any]:
+    """The steps to evaluate: ``all`` = every complete checkpoint (``--stride S``: steps divisible by S), else one."""
+    from dapo.export import complete_steps
+
+    if str(args.step) != "all":
+        return [args.step]
+    steps = complete_steps(args.checkpoint_dir)
+    if args.stride is not None:
+        steps = [s for s in steps if s % args.stride == 0]
+    return steps
+
+
 def run_main(args: argparse.Namespace) -> int:
-    """Export -> serve -> client -> tear down. Returns 0 when every row has an answer."""
+    """Export -> serve -> client (every benchmark) -> tear down, for one step or every complete checkpoint
+    (``--step all``). Returns 0 when every row of every benchmark of every step has an answer."""
     from dapo import eval_client, eval_serve
+    from dapo.benchmarks import BenchmarkError
     from dapo.export import ExportError, export_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -175,69 +263,143 @@ def run_main(args: argparse.Namespace) -> int:
         print("dapo eval run: --checkpoint-dir is required (or a --preset naming trainer.default_local_dir)",
               file=sys.stderr)  # fmt: skip
         return 2
-    if not args.test_file:
-        print("dapo eval run: --test-file is required (or a --preset with data.val_files)", file=sys.stderr)
-        return 2
-    if not Path(args.test_file).is_file():
-        print(f"dapo eval run: test file {args.test_file} does not exist", file=sys.stderr)
+    if not args.test_file and not args.benchmarks:
+        print("dapo eval run: --test-file or --benchmarks is required (or a --preset with data.val_files)",
+              file=sys.stderr)  # fmt: skip
         return 2
     try:
-        exported = export_checkpoint(args.checkpoint_dir, args.step, args.hf_dir, dtype=args.dtype)
+        tasks = _tasks(args)
+    except (BenchmarkError, ValueError) as exc:
+        print(f"dapo eval run: --benchmarks: {exc}", file=sys.stderr)
+        return 2
+    for t in tasks:
+        if not t.test_file.is_file():
+            hint = " (run `dapo data prepare`)" if t.benchmark is not None else ""
+            print(f"dapo eval run: test file {t.test_file} of {t.name} does not exist{hint}", file=sys.stderr)
+            return 2
+    if args.stride is not None and (str(args.step) != "all" or args.stride < 1):
+        print(f"dapo eval run: --stride N (N >= 1) goes with --step all (got --step {args.step} --stride "
+              f"{args.stride})", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.hf_dir and str(args.step) == "all":
+        print("dapo eval run: --hf-dir names one export target; with --step all each step exports to "
+              "CKPT/global_step_N/hf", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        steps = _steps(args)
     except ExportError as exc:
-        print(f"dapo eval run: export: {exc}", file=sys.stderr)
-        return 1
-    model_id = args.model_id or _default_model_id(Path(args.checkpoint_dir), exported.step)
-    if args.max_model_len is None:
-        args.max_model_len = default_max_model_len(exported.path, args.max_tokens)
-    try:
-        serve_cfg = eval_serve.config_from_args(args, model=str(exported.path), model_id=model_id)
-        serve_cfg.validate()
-        client_args = argparse.Namespace(**vars(args))
-        client_args.model = model_id
-        client_args.base_url = f"http://127.0.0.1:{serve_cfg.port}/v1"
-        client_cfg = eval_client.config_from_args(client_args)
-    except (eval_serve.ServeError, eval_client.EvalError) as exc:
         print(f"dapo eval run: {exc}", file=sys.stderr)
-        return 2
-    # one subdirectory per evaluated step, so evaluating another step never mixes answers
-    sub = f"global_step_{exported.step}" if exported.step is not None else model_id
-    output = Path(args.output) / sub if args.output else eval_client.default_output(model_id)
+        return 1
+    if not steps:
+        print(f"dapo eval run: no complete checkpoint in {args.checkpoint_dir} yet", file=sys.stderr)
+        return 1
+    base = Path(args.output) if args.output else None
     connected = bool(args.address or os.environ.get("RAY_ADDRESS"))
-    eval_serve.init_ray(args.address, args.num_cpus, args.ray_temp_dir)
+    ray_up = ray_down = False
+    rc = 0
     try:
-        serve_cfg = eval_serve.resolve_auto(serve_cfg, eval_serve.cluster_gpus())
-        client_cfg.base_url = eval_serve.start(serve_cfg)
-        print(f"[eval] serving {model_id!r} ({exported.action} {exported.path}) at {client_cfg.base_url}", flush=True)
-        summary = eval_client.evaluate(
-            client_cfg,
-            args.test_file,
-            output,
-            wandb_project=args.wandb_project,
-            wandb_run_name=args.wandb_run_name or model_id,
-            progress=not args.no_progress,
-            extra={
-                "checkpoint": {
-                    "checkpoint_dir": str(args.checkpoint_dir),
-                    "step": exported.step,
-                    "hf_dir": str(exported.path),
-                    "export": exported.action,
-                },
-                "serve": {
-                    "tensor_parallel_size": serve_cfg.tensor_parallel_size,
-                    "max_model_len": serve_cfg.max_model_len,
-                    "device": serve_cfg.device,
-                },
-            },
-        )
-    except (eval_client.EvalError, eval_serve.ServeError) as exc:
-        print(f"dapo eval run: {exc}", file=sys.stderr)
-        print(f"dapo eval run: answers so far are kept in {output}; rerun the same command to resume", file=sys.stderr)
-        return 1
+        for i, step in enumerate(steps):
+            if base is not None and isinstance(step, int):
+                if all(_done(base / f"global_step_{step}" / t.sub) for t in tasks):
+                    print(f"[eval] step {step}: every benchmark already has a result -- skipped", flush=True)
+                    continue
+            try:
+                exported = export_checkpoint(args.checkpoint_dir, step, args.hf_dir, dtype=args.dtype)
+            except ExportError as exc:
+                print(f"dapo eval run: export: {exc}", file=sys.stderr)
+                rc = 1
+                continue
+            model_id = args.model_id or _default_model_id(Path(args.checkpoint_dir), exported.step)
+            if len(steps) > 1 and args.model_id:
+                model_id = f"{args.model_id}-step{exported.step}"
+            # one subdirectory per evaluated step, so evaluating another step never mixes answers
+            sub = f"global_step_{exported.step}" if exported.step is not None else model_id
+            step_dir = base / sub if base is not None else eval_client.default_output(model_id)
+            todo = [t for t in tasks if not _done(step_dir / t.sub)]
+            if not todo:
+                print(f"[eval] {step_dir}: every benchmark already has a result -- skipped", flush=True)
+                _write_tables(step_dir, tasks, base)
+                continue
+            max_model_len = args.max_model_len or default_max_model_len(exported.path, args.max_tokens)
+            try:
+                step_args = argparse.Namespace(**vars(args))
+                step_args.max_model_len = max_model_len
+                serve_cfg = eval_serve.config_from_args(step_args, model=str(exported.path), model_id=model_id)
+                serve_cfg.validate()
+                client_args = argparse.Namespace(**vars(step_args))
+                client_args.model = model_id
+                client_args.base_url = f"http://127.0.0.1:{serve_cfg.port}/v1"
+                client_cfg = eval_client.config_from_args(client_args)
+            except (eval_serve.ServeError, eval_client.EvalError) as exc:
+                print(f"dapo eval run: {exc}", file=sys.stderr)
+                return 2
+            if not ray_up:
+                eval_serve.init_ray(args.address, args.num_cpus, args.ray_temp_dir)
+                ray_up = True
+            try:
+                serve_cfg = eval_serve.resolve_auto(serve_cfg, eval_serve.cluster_gpus())
+                client_cfg.base_url = eval_serve.start(serve_cfg)
+                print(f"[eval] serving {model_id!r} ({exported.action} {exported.path}) at {client_cfg.base_url}; "
+                      f"benchmarks: {', '.join(t.name for t in todo)}", flush=True)
+                for t in todo:
+                    out = step_dir / t.sub
+                    summary = eval_client.evaluate(
+                        client_cfg,
+                        t.test_file,
+                        out,
+                        wandb_project=args.wandb_project,
+                        wandb_run_name=(args.wandb_run_name or model_id) + (f"-{t.name}" if t.sub else ""),
+                        progress=not args.no_progress,
+                        benchmark=t.benchmark,
+                        extra={
+                            "checkpoint": {
+                                "checkpoint_dir": str(args.checkpoint_dir),
+                                "step": exported.step,
+                                "hf_dir": str(exported.path),
+                                "export": exported.action,
+                            },
+                            "serve": {
+                                "tensor_parallel_size": serve_cfg.tensor_parallel_size,
+                                "max_model_len": serve_cfg.max_model_len,
+                                "device": serve_cfg.device,
+                            },
+                        },
+                    )
+                    print((f"== {t.name} ==\n" if t.sub else "") + eval_client.format_summary(summary))
+                    print(f"wrote {out / eval_client.SUMMARY} and {out / eval_client.RESULTS}")
+                    if not summary["complete"]:
+                        rc = 1
+            except (eval_client.EvalError, eval_serve.ServeError) as exc:
+                print(f"dapo eval run: {exc}", file=sys.stderr)
+                print(f"dapo eval run: answers so far are kept in {step_dir}; rerun the same command to resume",
+                      file=sys.stderr)  # fmt: skip
+                return 1
+            finally:  # remove the app (frees the GPUs); after the last step also Ray, when we started it
+                ray_down = not connected and i == len(steps) - 1
+                eval_serve.stop(shutdown_ray=ray_down)
+            table = _write_tables(step_dir, tasks, base)
+            if table:
+                print(table)
     finally:
-        eval_serve.stop(shutdown_ray=not connected)
-    print(eval_client.format_summary(summary))
-    print(f"wrote {output / eval_client.SUMMARY} and {output / eval_client.RESULTS}")
-    return 0 if summary["complete"] else 1
+        if ray_up and not connected and not ray_down:
+            eval_serve.stop(shutdown_ray=True)
+    return rc
+
+
+def _write_tables(step_dir: Path, tasks: list[_Task], base: Optional[Path]) -> str:
+    """Per checkpoint: ``STEP_DIR/benchmarks.json`` (one row per benchmark); across steps: ``OUTPUT/results.csv``
+    rebuilt from every step's summaries (so a rerun never duplicates a row). Returns the checkpoint's text table."""
+    from dapo import eval_results
+
+    if not any(t.sub for t in tasks):
+        if base is not None:
+            eval_results.write_results(base)
+        return ""
+    rows = eval_results.step_rows(step_dir, [t.sub for t in tasks])
+    eval_results.write_step_table(step_dir, rows)
+    if base is not None:
+        eval_results.write_results(base)
+    return eval_results.format_table(rows)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -254,6 +416,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         from dapo.export import main_args
 
         return main_args(args)
+    if args.command == "score":
+        return score_main(args)
     return run_main(args)
 
 

@@ -113,6 +113,48 @@ def resolve_step(ckpt_dir: Union[str, Path], step: Union[str, int] = "latest") -
     return n
 
 
+def checkpoint_root(checkpoint_dir: Union[str, Path]) -> Path:
+    """``trainer.default_local_dir`` as given, or ``RUN/checkpoints`` for a local-backend run directory."""
+    ckpt = Path(checkpoint_dir)
+    if not list_steps(ckpt) and not (ckpt / TRACKER).exists() and (ckpt / "checkpoints").is_dir():
+        return ckpt / "checkpoints"
+    return ckpt
+
+
+def complete_steps(checkpoint_dir: Union[str, Path]) -> list[int]:
+    """The saved steps whose checkpoint is complete, ascending; a checkpoint still being written is never listed.
+
+    - local backend (``global_step_N/COMPLETE`` / ``loop_state.pt`` present): the steps with ``COMPLETE`` (written
+      last, and the directory is renamed into place);
+    - verl: the steps up to the one ``latest_checkpointed_iteration.txt`` names (verl writes the tracker after the
+      step's files, so a higher ``global_step_N`` is still being written);
+    - neither: an error (nothing says which checkpoints are complete).
+    """
+    ckpt = checkpoint_root(checkpoint_dir)
+    if not ckpt.is_dir():
+        raise ExportError(f"checkpoint directory {ckpt} does not exist")
+    if is_hf_dir(ckpt):
+        raise ExportError(f"{ckpt} is a single HF model directory, not a run's checkpoint directory")
+    steps = list_steps(ckpt)
+    local = [s for s in steps if any((ckpt / f"global_step_{s}" / f).exists() for f in ("COMPLETE", "loop_state.pt"))]
+    if local:
+        return [s for s in steps if (ckpt / f"global_step_{s}" / "COMPLETE").exists()]
+    tracker = ckpt / TRACKER
+    if tracker.is_file():
+        text = tracker.read_text().strip()
+        try:
+            last = int(text)
+        except ValueError:
+            raise ExportError(f"{tracker} does not hold a step number (it holds {text[:50]!r})") from None
+        return [s for s in steps if s <= last]
+    if not steps:
+        return []
+    raise ExportError(
+        f"{ckpt} has checkpoints {steps} but neither {TRACKER} (verl) nor COMPLETE markers (local backend): cannot "
+        "tell a finished checkpoint from one being written"
+    )
+
+
 def actor_dir(step_dir: Path) -> Path:
     return step_dir / "actor" if (step_dir / "actor").is_dir() else step_dir
 
@@ -367,8 +409,7 @@ def export_checkpoint(
     ckpt = Path(checkpoint_dir)
     if is_hf_dir(ckpt):
         return ExportResult(ckpt, None, "as-is", ckpt)
-    if not list_steps(ckpt) and not (ckpt / TRACKER).exists() and (ckpt / "checkpoints").is_dir():
-        ckpt = ckpt / "checkpoints"  # a local-backend run directory
+    ckpt = checkpoint_root(ckpt)  # a local-backend run directory -> RUN/checkpoints
     n = resolve_step(ckpt, step)
     step_dir = ckpt / f"global_step_{n}"
     actor = actor_dir(step_dir)

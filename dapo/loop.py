@@ -544,6 +544,14 @@ class DAPOLoop:
         if finals:
             out["val_acc_after"] = hist[max(finals)]
             out["val_acc_best"] = max(hist[s] for s in finals)
+        # one curve per validation data source (several recipe.data.val_files): val-core/<ds>/acc/mean@k -> {step: acc}
+        by_source: dict[str, dict[int, float]] = {}
+        for s, m in self.val_history:
+            for key, v in m.items():
+                if key.startswith("val-core/") and "/acc/mean@" in key:
+                    by_source.setdefault(key, {})[int(s)] = float(v)
+        if by_source:
+            out["val_acc_by_source"] = {k: dict(sorted(v.items())) for k, v in sorted(by_source.items())}
         out["gen_samples_total"] = self.gen_samples_total
         out["wall_seconds_this_process"] = time.time() - self._t0
         out["cpu_seconds_this_process"] = cpu_seconds() - self._cpu0
@@ -564,6 +572,9 @@ class DAPOLoop:
                      f"{s['gen_samples_total']} generated responses")
         elif "val_acc_after" in s:
             self.log(f"validation accuracy ({what}): {s['val_acc_after']:.3f} after {s['steps']} steps")
+        if len(s.get("val_acc_by_source", {})) > 1:  # several validation files: each data source on its own
+            self.log("validation per data source: " + "; ".join(
+                f"{k}: " + " -> ".join(f"{a:.3f}" for a in v.values()) for k, v in s["val_acc_by_source"].items()))
         self.log(f"time: wall {s['wall_seconds_this_process']:.0f}s, CPU {s['cpu_seconds_this_process']:.0f}s "
                  f"(this process) | metrics {self.run_dir / 'metrics.jsonl'}")
         try:

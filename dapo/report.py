@@ -92,6 +92,63 @@ def plot_run(run_dir: Path | str, out: Optional[Path | str] = None) -> Path:
     return plot_records(records, Path(out) if out else run_dir / "health.png", title=f"DAPO health: {run_dir.name}")
 
 
+def plot_eval(eval_dir: Path | str, out: Optional[Path | str] = None) -> Path:
+    """``<eval_dir>/accuracy.png``: accuracy against training step, one panel per benchmark, from the evaluation
+    directory's ``results.csv`` (``dapo eval run --step all``): avg@k (the DAPO verifier; MATH-500 also math-verify),
+    pass@k and cons@k, beside the published DAPO points (:data:`dapo.benchmarks.PUBLISHED`: AIME-2024 avg@32 at the
+    end of training, drawn as horizontal reference lines: the paper prints no per-step values)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dapo.benchmarks import BENCHMARKS, PUBLISHED
+    from dapo.eval_results import collect
+
+    eval_dir = Path(eval_dir)
+    rows = [r for r in collect(eval_dir) if r["step"] is not None and r["complete"]]
+    if not rows:
+        raise FileNotFoundError(f"{eval_dir}: no complete evaluation of a global_step_N (run dapo eval run --step all)")
+    names = sorted({r["benchmark"] for r in rows}, key=lambda n: list(BENCHMARKS).index(n) if n in BENCHMARKS else 99)
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        mine = sorted((r for r in rows if r["benchmark"] == name), key=lambda r: r["step"])
+        steps = [r["step"] for r in mine]
+        k = mine[-1]["k"]
+        series = [("avg", f"avg@{k} (DAPO verifier)", "-"), ("avg_math_verify", f"avg@{k} (math-verify)", "-"),
+                  ("pass", f"pass@{k}", ":"), ("cons", f"cons@{k}", "--")]  # fmt: skip
+        for key, label, style in series:
+            pts = [(s, 100 * r[key]) for s, r in zip(steps, mine) if r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o", markersize=3, label=label)
+        for ref in PUBLISHED.get(name, []):
+            ax.axhline(100 * ref["avg"], color="gray", linestyle="-.", linewidth=1)
+            ax.annotate(ref["label"], (0.01, 100 * ref["avg"]), xycoords=("axes fraction", "data"), fontsize=7,
+                        color="gray", va="bottom")
+        title = BENCHMARKS[name].title if name in BENCHMARKS else name
+        ax.set_title(f"{title} ({mine[-1]['problems']} problems x {k})")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    fig.suptitle(f"accuracy over training: {eval_dir}")
+    fig.tight_layout()
+    out = Path(out) if out else eval_dir / "accuracy.png"
+    tmp = out.with_name(out.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=80)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
+
+
+def is_eval_dir(path: Path) -> bool:
+    """An evaluation output directory (``dapo eval run --output``), not a training run."""
+    return (path / "results.csv").exists() or (
+        not (path / "metrics.jsonl").exists() and any(path.glob("global_step_*/**/summary.json"))
+    )
+
+
 def text_summary(records: list[dict[str, Any]]) -> str:
     steps = [r for r in records if int(r.get("step", 0)) > 0 and "timing_s/step" in r]
     vals = [(int(r["step"]), val_accuracy(r)) for r in records if val_accuracy(r) is not None]
@@ -111,12 +168,26 @@ def text_summary(records: list[dict[str, Any]]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="dapo report", description=__doc__.split("\n\n")[0])
-    p.add_argument("run", help="run directory (holds metrics.jsonl), e.g. runs/tiny; or a verl console log "
+    p.add_argument("run", help="run directory (holds metrics.jsonl), e.g. runs/tiny; an evaluation directory "
+                   "(dapo eval run --output): accuracy against training step per benchmark; or a verl console log "
                    "(the reference runner's <ckpt>/logs/attempt-N.log) or the directory of those logs")
     p.add_argument("--out", default=None, help="PNG path (default RUN/health.png)")
     p.add_argument("--json", action="store_true", help="print the last record as JSON too")
     args = p.parse_args(argv)
     run = Path(args.run)
+    if is_eval_dir(run):  # an evaluation directory: accuracy against step per benchmark
+        from dapo.eval_results import collect, format_table
+
+        try:
+            png = plot_eval(run, args.out)
+        except FileNotFoundError as exc:
+            print(f"dapo report: {exc}", file=sys.stderr)
+            return 1
+        rows = collect(run)
+        for step in sorted({r["step"] for r in rows if r["step"] is not None}):
+            print(format_table([r for r in rows if r["step"] == step]))
+        print(f"plot: {png}")
+        return 0
     logs = attempt_logs(run) if not (run / "metrics.jsonl").exists() else []
     if logs:  # verl's console lines (the reference runner): the same panels
         records = read_console_logs(logs)

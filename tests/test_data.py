@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dapo import data
+from dapo import benchmarks, data
 from dapo.data import DataError
 
 TEMPLATE = ("Solve the following math problem step by step. The last line of your response should be of the form "
@@ -184,9 +184,29 @@ def test_aime_layout_check_rejects_a_file_with_the_wrong_repeats(tmp_path):
 # ---------------------------------------------------------------------------------------------------- prepare
 
 
+def aime25_raw(n: int = 30) -> list[dict]:
+    """math-ai/aime25 test.jsonl records: problem, answer (a string), id."""
+    return [{"problem": f"Find the number of integers $k$ with $k^2 < {i + 10}$.", "answer": f"{i:03d}",
+             "id": str(i)} for i in range(n)]
+
+
+def math500_raw(n: int = 500) -> list[dict]:
+    """HuggingFaceH4/MATH-500 test.jsonl records: problem, solution, answer (LaTeX), subject, level (int), unique_id."""
+    return [{"problem": f"Simplify $\\frac{{{i}}}{{{i + 1}}} \\cdot 2$.",
+             "solution": f"It is $\\boxed{{\\frac{{2\\cdot{i}}}{{{i + 1}}}}}$.",
+             "answer": f"\\frac{{{2 * i}}}{{{i + 1}}}", "subject": ("Algebra", "Precalculus")[i % 2],
+             "level": 1 + i % 5, "unique_id": f"test/algebra/{i}.json"} for i in range(n)]
+
+
+def write_jsonl(path: Path, recs: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
 @pytest.fixture
 def mirror(tmp_path) -> Path:
-    """A local mirror laid out like the hub: <owner>/<name>/data/<file>."""
+    """A local mirror laid out like the hub: <owner>/<name>/data/<file> (and the benchmarks' raw jsonl files)."""
     root = tmp_path / "mirror"
     train = root / data.TRAIN_REPO / data.TRAIN_PATH_IN_REPO
     val = root / data.VAL_REPO / data.VAL_PATH_IN_REPO
@@ -194,6 +214,8 @@ def mirror(tmp_path) -> Path:
     val.parent.mkdir(parents=True)
     write(train, duplicated(7, 5))
     write(val, duplicated(30, 32))
+    write_jsonl(root / "math-ai" / "aime25" / "test.jsonl", aime25_raw())
+    write_jsonl(root / "HuggingFaceH4" / "MATH-500" / "test.jsonl", math500_raw())
     return root
 
 
@@ -212,7 +234,8 @@ def test_prepare_from_a_local_mirror_writes_files_manifest_and_dedup(tmp_path, m
 def test_prepare_accepts_file_url_repo_roots(tmp_path, mirror):
     out = tmp_path / "out"
     res = data.prepare(out, train_repo=f"file://{mirror / data.TRAIN_REPO}",
-                       val_repo=str(mirror / data.VAL_REPO / data.VAL_PATH_IN_REPO), log=lambda _: None)
+                       val_repo=str(mirror / data.VAL_REPO / data.VAL_PATH_IN_REPO), log=lambda _: None,
+                       benchmarks=())
     assert res.train.rows == 35 and res.val.rows == 960
 
 
@@ -222,7 +245,7 @@ def test_prepare_is_idempotent_and_refetches_a_file_whose_checksum_changed(tmp_p
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     logs: list[str] = []
     data.prepare(out, dedup=True, source_dir=str(mirror), log=logs.append)
-    assert sum("skipped" in line for line in logs) == 3
+    assert sum("skipped" in line for line in logs) == 5  # train, val, dedup, aime25, math500
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     good = data.sha256_file(out / data.VAL_FILE)
     with open(out / data.VAL_FILE, "ab") as f:  # a truncated / modified copy on the shared volume
@@ -276,7 +299,7 @@ def test_hub_download_asks_for_the_dataset_repo_with_hf_token(tmp_path, monkeypa
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     monkeypatch.setenv("HF_TOKEN", "hf_test_token")
-    res = data.prepare(tmp_path / "out", revision="abc123", log=lambda _: None)
+    res = data.prepare(tmp_path / "out", revision="abc123", log=lambda _: None, benchmarks=())
     assert res.val.rows == 960
     assert [(c["repo_id"], c["filename"], c["repo_type"], c["token"], c["revision"]) for c in calls] == [
         (data.TRAIN_REPO, data.TRAIN_PATH_IN_REPO, "dataset", "hf_test_token", "abc123"),
@@ -308,3 +331,107 @@ def test_prepare_cli_prints_epochs_and_steps_per_preset(tmp_path, mirror, capsys
     assert set(lines) == {("early", data.TRAIN_FILE), ("early", data.DEDUP_FILE), ("full", data.TRAIN_FILE),
                           ("full", data.DEDUP_FILE)}
     assert os.path.exists(tmp_path / "out" / data.DEDUP_FILE)
+
+
+# ---------------------------------------------------------------------------------------------------- benchmarks
+
+
+def test_prepare_builds_aime25_and_math500_in_the_aime2024_prompt_template(tmp_path, mirror, aime_parquet):
+    out = tmp_path / "out"
+    res = data.prepare(out, source_dir=str(mirror), log=lambda _: None)
+    real = data.load_rows(aime_parquet)[0]
+    real_prompt = real["prompt"][0]["content"].replace(real["extra_info"]["raw_problem"], "{problem}")
+    assert real_prompt == benchmarks.PROMPT_TEMPLATE, "the same template as the release's AIME-2024 file"
+    for name, (problems, copies) in {"aime25": (30, 32), "math500": (500, 4)}.items():
+        bench = benchmarks.get(name)
+        rep = res.benchmarks[name]
+        assert (rep.rows, rep.unique_prompts, rep.min_repeats, rep.max_repeats) == (problems * copies, problems,
+                                                                                    copies, copies)
+        assert data.check_file(out / bench.file, layout=(problems, copies)).ok
+        rows = data.load_rows(out / bench.file)
+        # same schema (columns, nested field types) as the release's file, apart from extra_info's own fields
+        assert {k: type(v) for k, v in rows[0].items()} == {k: type(v) for k, v in real.items()}
+        assert rows[0]["reward_model"]["style"] == real["reward_model"]["style"]
+        assert rows[0]["ability"] == real["ability"] and rows[0]["data_source"] == bench.data_source
+        manifest = json.loads((out / data.MANIFEST).read_text())["files"][bench.file]
+        assert manifest["sha256"] == data.sha256_file(out / bench.file) and manifest["layout"] == f"{problems}x{copies}"
+    aime = data.load_rows(out / "aime-2025.parquet")
+    assert aime[0]["reward_model"]["ground_truth"] == "0" and aime[32 * 7]["reward_model"]["ground_truth"] == "7"
+    assert aime[0]["prompt"][0]["content"] == benchmarks.PROMPT_TEMPLATE.format(problem=aime25_raw()[0]["problem"])
+    math = data.load_rows(out / "math-500.parquet")
+    assert math[4 * 3]["reward_model"]["ground_truth"] == "\\frac{6}{4}"
+    assert math[4 * 3]["extra_info"]["subject"] == "Precalculus" and math[4 * 3]["extra_info"]["level"] == "4"
+    assert math[4 * 3]["extra_info"]["source_id"] == "test/algebra/3.json"
+    assert no_temp_files(out)
+
+
+def test_opencompass_aime2025_two_files_with_question_column_are_one_benchmark(tmp_path):
+    src = tmp_path / "oc"
+    raw = [{"question": r["problem"], "answer": r["answer"]} for r in aime25_raw()]
+    write_jsonl(src / "aime2025-I.jsonl", raw[:15])
+    write_jsonl(src / "aime2025-II.jsonl", raw[15:])
+    rep = data._fetch_benchmark(tmp_path, benchmarks.get("aime25"), str(src), {"files": {}}, source_dir=None,
+                                revision=None, force=False, log=lambda _: None)
+    assert (rep.rows, rep.unique_prompts) == (960, 30)
+    assert data.load_rows(tmp_path / "aime-2025.parquet")[32 * 15]["extra_info"]["raw_problem"] == raw[15]["question"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda r: r[:29], "29 problems, AIME-2025 has 30"),
+    (lambda r: [*r[:4], {**r[4], "answer": "12.5"}, *r[5:]], r"row 4 column 'answer': AIME answers are integers"),
+    (lambda r: [*r[:2], {"answer": "1", "id": "x"}, *r[3:]], r"row 2: no problem \(or question\) column"),
+    (lambda r: [*r[:3], {**r[0], "id": "dup"}, *r[4:]], "row 3: the same problem as row 0"),
+])  # fmt: skip
+def test_a_bad_raw_benchmark_file_is_refused_naming_the_row_and_nothing_is_written(tmp_path, mirror, bad, message):
+    write_jsonl(mirror / "math-ai" / "aime25" / "test.jsonl", bad(aime25_raw()))
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=message):
+        data.prepare(out, source_dir=str(mirror), log=lambda _: None, benchmarks=["aime25"])
+    assert not (out / "aime-2025.parquet").exists() and no_temp_files(out)
+
+
+def test_check_cli_generalises_the_aime_layout_to_n_problems_times_k(tmp_path, capsys):
+    f = write(tmp_path / "m.parquet", duplicated(500, 4))
+    assert data.main(["check", str(f), "--benchmark", "math500"]) == 0
+    assert data.main(["check", str(f), "--layout", "500x4"]) == 0
+    assert data.main(["check", str(f), "--benchmark", "aime25"]) == 1
+    out = capsys.readouterr().out
+    assert "file has 2000 rows; AIME-2025 for avg@32 has 960 (30 problems x 32)" in out
+    assert data.main(["check", str(f), "--layout", "30x"]) == 1
+    assert "layout must be PROBLEMSxCOPIES" in capsys.readouterr().err
+
+
+def test_hub_download_of_the_benchmarks_asks_for_their_dataset_files(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    calls = []
+
+    def fake_download(**kw):
+        calls.append((kw["repo_id"], kw["filename"], kw["repo_type"]))
+        target = Path(kw["local_dir"]) / kw["filename"]
+        recs = aime25_raw() if kw["repo_id"] == "math-ai/aime25" else math500_raw()
+        write_jsonl(target, recs)
+        return str(target)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("aime25", "math500"):
+        b = benchmarks.get(name)
+        data._fetch_benchmark(out, b, b.repo, {"files": {}}, source_dir=None, revision=None, force=False,
+                              log=lambda _: None)
+    assert calls == [("math-ai/aime25", "test.jsonl", "dataset"), ("HuggingFaceH4/MATH-500", "test.jsonl", "dataset")]
+    assert no_temp_files(out)
+
+
+def test_a_benchmark_is_rebuilt_when_its_source_changes(tmp_path, mirror):
+    out = tmp_path / "out"
+    data.prepare(out, source_dir=str(mirror), log=lambda _: None, benchmarks=["aime25"])
+    other = [{"question": f"Other problem {i}", "answer": str(i)} for i in range(30)]
+    src = write_jsonl(tmp_path / "oc" / "aime2025-I.jsonl", other[:15])
+    write_jsonl(src.parent / "aime2025-II.jsonl", other[15:])
+    logs: list[str] = []
+    data.prepare(out, source_dir=str(mirror), log=logs.append, benchmarks=["aime25"],
+                 benchmark_repos={"aime25": str(src.parent)})
+    assert any("building again" in line for line in logs)
+    assert data.load_rows(out / "aime-2025.parquet")[0]["extra_info"]["raw_problem"] == "Other problem 0"

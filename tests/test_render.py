@@ -56,7 +56,8 @@ EVERY_BRANCH = {
                                 {"policy": "DeleteCluster", "condition": {"jobStatus": "FAILED", "ttlSeconds": 60}},
                                 {"policy": "DeleteSelf", "condition": {"jobDeploymentStatus": "Failed"}}],
               "runtimeEnv": {"WANDB_TAGS": 'a "quoted", back\\slash\ttab and üñí ✓', "Y": "n"}},
-    "eval": {"enabled": True, "image": {"repository": "", "tag": ""}, "step": 120, "nodes": 2, "gpusPerNode": 8,
+    "eval": {"enabled": True, "image": {"repository": "", "tag": ""}, "step": "all", "stride": 40, "nodes": 2,
+             "gpusPerNode": 8, "benchmarks": ["aime25", "math500"],
              "submissionMode": "HTTPMode", "extraArgs": ["--n-samples", "32"], "activeDeadlineSeconds": None,
              "runtimeEnv": {"VLLM_LOGGING_LEVEL": "DEBUG"}},
 }

@@ -349,6 +349,10 @@ class Chart:
         p = self.eval_paths()
         args = ["dapo", "eval", "run", "--checkpoint-dir", p["checkpointDir"], "--step", go_string(ev["step"]),
                 "--test-file", p["testFile"], "--output", p["outputDir"]]
+        if ev.get("benchmarks"):  # one serving per checkpoint, every benchmark (files beside the test file)
+            args += ["--benchmarks", ",".join(ev["benchmarks"])]
+        if ev.get("stride") is not None:
+            args += ["--stride", go_string(ev["stride"])]
         return " ".join(args + list(ev["extraArgs"]))
 
     def eval_rayjob(self) -> dict[str, Any]:
