@@ -12,6 +12,20 @@ Writing: everything goes to ``.tmp-global_step_N-XXXX`` in the same directory, t
 ``global_step_N`` (atomic on POSIX within a file system), then the pointer file is replaced with ``os.replace``.
 Reading (:func:`latest`) only considers ``global_step_*`` directories holding ``COMPLETE``; stale ``.tmp-*``
 directories of a killed writer are removed on the next save.
+
+Retention (``max_to_keep`` = ``recipe.trainer.max_ckpt_to_keep``, :func:`prune`): the newest ``max_to_keep``
+complete checkpoints stay, older ones go. A checkpoint is deleted in two steps: one ``rename`` to
+``.trash-global_step_N-XXXX`` (atomic: from then on no reader counts it), then ``rmtree`` of the trash directory. A
+process killed in the middle leaves either a complete ``global_step_N`` or a ``.trash-*`` directory, never a
+half-deleted ``global_step_N``; leftovers are removed on the next save and on resume. The newest complete checkpoint
+is never a candidate. :func:`save` prunes to ``max_to_keep`` *before* writing and again after, so the directory
+holds at most ``max_to_keep + 1`` checkpoints at any moment (the bound ``dapo plan`` sizes the volume with), even
+after a crash between a save and its pruning or after ``max_to_keep`` was lowered.
+
+verl 0.9.1's own rotation (``BaseCheckpointManager.register_checkpoint`` / ``ensure_checkpoint_capacity``) keeps its
+list of saved paths in memory -- a restarted job forgets the checkpoints of earlier attempts and never deletes them
+-- and deletes with a plain ``rmtree``. The verl backend therefore passes ``max_ckpt_to_keep=None`` to verl's
+``save_checkpoint`` (verl deletes nothing) and this module does the retention for both backends.
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ import torch
 from dapo.fsutil import fsync_dir
 
 POINTER = "latest_checkpointed_iteration.txt"
+TRASH_PREFIX = ".trash-"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
@@ -85,6 +100,7 @@ def save(
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
+    prune(root, max_to_keep)  # room for this save within max_to_keep + 1 checkpoints, trash of a killed run gone
     final = root / f"global_step_{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-global_step_{step}-", dir=root))
     try:
@@ -106,10 +122,57 @@ def save(
     pointer_tmp.write_text(f"{step}\n")
     os.replace(pointer_tmp, root / POINTER)
     fsync_dir(root)
-    if max_to_keep is not None and max_to_keep > 0:
-        for s in complete_steps(root)[:-max_to_keep]:
-            shutil.rmtree(root / f"global_step_{s}", ignore_errors=True)
+    prune(root, max_to_keep)
     return final
+
+
+def remove_trash(root: Path | str) -> list[str]:
+    """Delete the ``.trash-*`` directories a killed deletion left behind; returns their names."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    gone = []
+    for trash in sorted(root.glob(f"{TRASH_PREFIX}*")):
+        shutil.rmtree(trash, ignore_errors=True)
+        gone.append(trash.name)
+    return gone
+
+
+def discard(root: Path | str, step: int, *, _rmtree: Callable[[Path], None] = shutil.rmtree) -> None:
+    """Delete checkpoint ``step``: atomic rename to ``.trash-global_step_<step>-XXXX``, then remove that directory."""
+    root = Path(root)
+    src = root / f"global_step_{step}"
+    trash = Path(tempfile.mkdtemp(prefix=f"{TRASH_PREFIX}{src.name}-", dir=root))
+    dest = trash / src.name
+    src.rename(dest)  # from here on no reader sees it as a checkpoint
+    fsync_dir(root)
+    _rmtree(trash)
+
+
+def prune(root: Path | str, max_to_keep: Optional[int], *,
+          _rmtree: Callable[[Path], None] = shutil.rmtree) -> list[int]:
+    """Keep the newest ``max_to_keep`` complete checkpoints (None or <= 0: keep all); returns the deleted steps.
+
+    Also removes leftover trash, and ``global_step_*`` directories without ``COMPLETE`` that are older than the newest
+    complete checkpoint (nothing can resume from them). The newest complete checkpoint is never touched."""
+    root = Path(root)
+    remove_trash(root)
+    steps = complete_steps(root)
+    if not steps:
+        return []
+    newest = steps[-1]
+    victims = steps[:-max_to_keep] if max_to_keep is not None and max_to_keep > 0 else []
+    for d in root.iterdir() if root.is_dir() else []:
+        m = _STEP_DIR.match(d.name)
+        if m and d.is_dir() and int(m.group(1)) < newest and not (d / "COMPLETE").exists():
+            victims.append(int(m.group(1)))
+    deleted = []
+    for s in sorted(set(victims)):
+        if s == newest:  # unreachable by construction; a guard against a future edit
+            raise RuntimeError(f"refusing to delete the newest complete checkpoint global_step_{s}")
+        discard(root, s, _rmtree=_rmtree)
+        deleted.append(s)
+    return deleted
 
 
 def load_loop_state(ckpt_dir: Path | str) -> dict[str, Any]:

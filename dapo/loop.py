@@ -207,6 +207,12 @@ class DAPOLoop:
             math_verify=self.recipe.reward.math_verify,
         )
 
+    def _take(self, batch: tuple[Rollout, dict[str, np.ndarray]], index: np.ndarray
+              ) -> tuple[Rollout, dict[str, np.ndarray]]:
+        """The rows at ``index`` of a (rollout, scores) generation batch: what the sampler holds (dapo.sampler)."""
+        rollout, scored = batch
+        return self.backend.select(rollout, index), {k: np.asarray(v)[index] for k, v in scored.items()}
+
     # ---------------------------------------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
         """One rollout step (module docstring); returns its metrics."""
@@ -234,10 +240,14 @@ class DAPOLoop:
                 if k in rollout.stats:
                     gen[f"rollout_{k}"].append(np.asarray(rollout.stats[k], dtype=np.float64))
             try:
-                self.sampler.add(rollout.group_ids, scored[fg.metric], batch=(rollout, scored))
+                # the sampler keeps only the rows of groups it may still train on (a copy); the generation batch
+                # itself is dropped right here, before the next one is generated
+                self.sampler.add(rollout.group_ids, scored[fg.metric], batch=(rollout, scored), take=self._take)
             except DynamicSamplingError:
                 self.sampler.finish_step()
                 raise
+            finally:
+                del rollout, scored
             timing["filter"] += time.perf_counter() - t2
             nb = self.sampler.num_gen_batches
             if fg.enable and not self.sampler.is_full() and nb % 10 == 0:
@@ -364,6 +374,9 @@ class DAPOLoop:
         """Resume from the newest complete checkpoint (``resume_mode: auto``); returns True when resumed."""
         metrics_file = self.run_dir / "metrics.jsonl"
         if self.recipe.trainer.resume_mode == "auto":
+            # free the space of a deletion a killed attempt left half done (and apply a lowered retention) now,
+            # before the first save of this attempt needs it
+            ckpt.prune(self.ckpt_root, self.recipe.trainer.max_ckpt_to_keep)
             latest = ckpt.latest(self.ckpt_root)
             if latest is not None:
                 self.backend.load_checkpoint(str(latest))

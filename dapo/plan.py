@@ -349,6 +349,8 @@ class Plan:
     totals: dict[str, float]
     assumptions: dict[str, Any]
     checks: list[Check] = field(default_factory=list)
+    # where the loop runs and the volume (dapo.sizing): filled by the CLI, which knows the chart values
+    runtime: dict[str, Any] = field(default_factory=dict)
 
     @property
     def errors(self) -> list[Check]:
@@ -901,7 +903,89 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", action="store_true", help="machine-readable plan")
     ap.add_argument("--markdown", choices=DOCS_BLOCKS, help="print a generated docs table")
     ap.add_argument("--update-docs", metavar="FILE", help="regenerate the tables between the markers in FILE")
+    ap.add_argument("--values", action="append", default=[], metavar="FILE",
+                    help="chart values the loop's memory and the volume are checked against (repeatable; default: "
+                         "the chart defaults + values/<preset>.yaml of this checkout)")
+    ap.add_argument("--requirements-file", metavar="FILE",
+                    help="write the chart's per-preset storage / loop-memory data (charts/dapo/files/requirements.yaml)")
+    ap.add_argument("--check", action="store_true", help="with --requirements-file: exit 1 if FILE is stale")
     return ap
+
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def _chart_values(preset: Preset, value_files: list[str]) -> tuple[Optional[dict[str, Any]], str]:
+    """Coalesced chart values for the checks, and where they came from (None: no chart beside the package)."""
+    chart = CHECKOUT / "charts" / "dapo"
+    if not (chart / "values.yaml").is_file():
+        if value_files:
+            raise PlanError(f"--values needs the chart (charts/dapo) beside the dapo package; not found at {chart}")
+        return None, "no chart beside the package"
+    from dapo.k8s import load_values
+
+    files = [Path(f) for f in value_files]
+    if not files and (CHECKOUT / "values" / f"{preset.name}.yaml").is_file():
+        files = [CHECKOUT / "values" / f"{preset.name}.yaml"]
+    return load_values(chart, files), "chart defaults" + "".join(f" + {f}" for f in value_files or
+                                                                  [str(f.relative_to(CHECKOUT)) for f in files])
+
+
+def runtime_report(preset: Preset, dataset_rows: Optional[int], value_files: list[str]
+                   ) -> tuple[dict[str, Any], list[Check], list[str]]:
+    """The loop's peak host memory against the worker pod it runs on, and the volume against the run's storage
+    (dapo.sizing states the model). Returns (numbers, checks, printed lines)."""
+    from dapo import sizing
+
+    fb = sizing.fmt_bytes
+    lm = sizing.loop_memory(preset, dataset_rows)
+    st = sizing.storage(preset)
+    values, where = _chart_values(preset, value_files)
+    checks: list[Check] = []
+    L = ["Where the loop runs: the Ray job driver, on a worker pod (RayJob entrypointNumCpus 1; head num-cpus 0)"]
+    held = lm["during_generation"] - 2 * lm["generation_batch"]
+    L.append(f"  loop peak host memory {fb(lm['peak'])} = base {fb(lm['base'])} + training rows as objects "
+             f"{fb(lm['rows_as_objects'])}" + (f" + model state {fb(lm['model_state'])}" if lm["model_state"] else "")
+             + f" + max(generation 2 x {fb(lm['generation_batch'])} (padded batch + its concat) + kept rows "
+             f"{fb(held)}, building the step {fb(lm['building_step'])})")
+    out: dict[str, Any] = {"loop_memory": lm, "storage": st, "values": where}
+    if values is not None:
+        w = values["worker"]
+        limit_text = (w["resources"].get("limits") or {}).get("memory") or (w["resources"].get("requests") or {}).get(
+            "memory")
+        if limit_text is None:
+            checks.append(Check("warning", "worker.resources.limits.memory", "not set: the loop's memory is unbounded "
+                                "by the pod and unchecked"))
+        else:
+            limit = sizing.parse_quantity(limit_text)
+            res = sizing.worker_reserved(preset, sizing.parse_quantity(w["shmSize"]))
+            avail = limit - res["total"]
+            out["worker"] = {"limit": limit, "reserved": res, "available": avail}
+            L.append(f"  worker pod ({where}): memory {limit_text} - reserved {fb(res['total'])} (/dev/shm "
+                     f"{fb(res['shm'])} + verl processes {fb(res['worker_processes'])} + FSDP offload "
+                     f"{fb(res['fsdp_offload'])} + hf_model gather {fb(res['hf_model_gather'])}) = {fb(avail)} for "
+                     "the loop")
+            if lm["peak"] > avail:
+                checks.append(Check(
+                    "error", "worker.resources.limits.memory",
+                    f"preset {preset.name}: the loop needs ~{fb(lm['peak'])} on its worker pod but only {fb(avail)} "
+                    f"is left of {limit_text} ({where}); raise worker.resources.limits.memory / lower worker.shmSize, "
+                    "or lower recipe.data.gen_batch_size / recipe.data.max_response_length"))
+    L.append("")
+    L.append("Storage (the shared volume)")
+    L.append(f"  needs {st['summary']}")
+    if values is not None:
+        s = values["storage"]
+        if s["existingClaim"]:
+            L.append(f"  storage.existingClaim {s['existingClaim']}: not sized by the chart; make sure it holds the above")
+        elif st["bytes"] is not None:
+            L.append(f"  storage.size {s['size']} ({where})")
+            if sizing.parse_quantity(s["size"]) < st["bytes"]:
+                checks.append(Check("error", "storage.size", sizing.storage_message(preset.name, s["size"],
+                                                                                    st["summary"])))
+    if st["bytes"] is None:
+        checks.append(Check("warning", "recipe.trainer.max_ckpt_to_keep", st["summary"]))
+    return out, checks, L
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -914,12 +998,31 @@ def main(argv: Optional[list[str]] = None) -> int:
             changed = update_docs(args.update_docs)
             print(f"{args.update_docs}: {'updated' if changed else 'already up to date'}")
             return 0
+        if args.requirements_file:
+            from dapo.sizing import requirements_text
+
+            text, path = requirements_text(), Path(args.requirements_file)
+            if args.check:
+                fresh = path.is_file() and path.read_text() == text
+                print(f"{path}: {'up to date' if fresh else 'STALE: rerun without --check'}")
+                return 0 if fresh else 1
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+            return 0
         preset = load_preset(args.preset, args.set)
         rows = args.dataset_rows
         if rows is None and preset.recipe.data.train_files and Path(preset.recipe.data.train_files[0]).is_file():
             from dapo.data import parquet_rows
 
             rows = parquet_rows(preset.recipe.data.train_files[0])
+        if rows is None and preset.recipe.data.train_files:
+            rows = KNOWN_DATASET_ROWS.get(Path(preset.recipe.data.train_files[0]).name)
+        runtime, runtime_checks, runtime_lines = runtime_report(preset, rows, args.values)
+        if preset.placement.backend == "local":  # no GPU plan: only where the loop runs and the volume
+            print(f"dapo plan: preset {preset.name} -- local backend (one process, no GPU plan)\n")
+            print("\n".join(runtime_lines + [""] + [f"  {c}" for c in runtime_checks]))
+            return 1 if any(c.level == "error" for c in runtime_checks) else 0
         kw = {}
         if args.mean_response_len is not None:
             kw["mean_response_len"] = args.mean_response_len
@@ -931,7 +1034,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ConfigError, PlanError) as exc:
         print(f"dapo plan: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(plan.to_dict(), indent=2) if args.json else render_text(plan))
+    except ValueError as exc:  # chart values that do not load (schema, YAML): dapo.k8s.ValuesError
+        print(f"dapo plan: {exc}", file=sys.stderr)
+        return 2
+    plan.checks += runtime_checks
+    plan.runtime = runtime
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        text = render_text(plan)
+        head, sep, tail = text.partition("\nTotal: ")
+        print(head + "\n" + "\n".join(runtime_lines) + "\n" + sep + tail if sep else text)
     return 1 if plan.errors else 0
 
 

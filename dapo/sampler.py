@@ -17,12 +17,19 @@ Usage by a training loop (any backend; ``batch=`` is an opaque object the sample
     while not sampler.is_full():
         size = sampler.suggested_gen_batch_size()
         rollout = generate(next_prompts(size))
-        sampler.add(rollout.group_ids, metrics["acc"], batch=rollout)   # may raise DynamicSamplingError
+        sampler.add(rollout.group_ids, metrics["acc"], batch=rollout, take=select)  # may raise DynamicSamplingError
+        del rollout                          # the sampler holds only the rows it may still use (below)
     parts = sampler.selection()              # [Selection(batch_index, batch, indices)], whole groups, in order
     train = concat([select(p.batch, p.indices) for p in parts])      # exactly train_batch_size * n responses
     stats = sampler.finish_step()            # num_gen_batches, kept/total groups, surplus, kept ratio ...
 
 With ``enable=False`` the sampler is a pass-through: the first batch added is the whole training batch.
+
+Memory: with ``take=select`` (``select(batch, indices) -> the rows at indices``), :meth:`add` keeps only
+``select(batch, rows)`` where ``rows`` are the responses of the groups this step may still train on -- the kept
+groups, and in ``reference`` mode only those up to ``train_batch_size`` (the surplus is counted, never used) --
+and never a reference to the whole generation batch. When every response is kept the batch is held as is (no
+copy); when none is, nothing is held. Without ``take`` the whole batch object is held (the caller's choice).
 
 Modes:
 
@@ -37,7 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -201,13 +208,16 @@ class DynamicSampler:
             return self.num_gen_batches > 0
         return len(self._step.kept) >= self.train_batch_size
 
-    def add(self, group_ids: Any, metric_values: Any = None, *, batch: Any = None) -> np.ndarray:
+    def add(self, group_ids: Any, metric_values: Any = None, *, batch: Any = None,
+            take: Optional[Callable[[Any, np.ndarray], Any]] = None) -> np.ndarray:
         """Add one generation batch; returns the indices (into this batch) of responses in kept groups.
 
         ``group_ids``: ``[N]`` group id per response (unique per prompt across the step, e.g. uuids);
         ``metric_values``: ``[N]`` filter metric per response (required when enabled); ``batch``: opaque, handed
-        back in :meth:`selection`. Raises :class:`DynamicSamplingError` when this batch is the
-        ``max_num_gen_batches``-th of the step and the step is still short of ``train_batch_size`` groups.
+        back in :meth:`selection`; ``take(batch, indices)``: the rows at ``indices`` of ``batch`` -- given, only
+        the rows the step may still use are held (module doc, Memory). Raises :class:`DynamicSamplingError` when
+        this batch is the ``max_num_gen_batches``-th of the step and the step is still short of
+        ``train_batch_size`` groups.
         """
         step = self._step
         if step.failed:
@@ -248,6 +258,9 @@ class DynamicSampler:
         self.batches_added += 1
         step.seen_ids.update(ids)
         new = [_Group(index, batch, m) for m, k in zip(members, keep_mask) if k]
+        kept_idx = np.concatenate([g.indices for g in new]) if new else np.zeros(0, dtype=np.int64)
+        if take is not None and batch is not None:
+            self._compact(new, batch, num_responses, take)
         step.kept.extend(new)
         step.kept_per_batch.append(len(new))
         step.total_per_batch.append(len(ids))
@@ -256,7 +269,6 @@ class DynamicSampler:
             rate = len(new) / len(ids)
             m = self.keep_rate_momentum
             self.keep_rate_ema = rate if self.keep_rate_ema is None else m * self.keep_rate_ema + (1 - m) * rate
-        kept_idx = np.concatenate([g.indices for g in new]) if new else np.zeros(0, dtype=np.int64)
 
         if self.enable and not self.is_full() and 0 < self.max_num_gen_batches <= self.num_gen_batches:
             step.failed = True
@@ -265,6 +277,25 @@ class DynamicSampler:
                                        train_batch_size=self.train_batch_size,
                                        max_num_gen_batches=self.max_num_gen_batches)  # fmt: skip
         return kept_idx
+
+    def _compact(self, new: list[_Group], batch: Any, num_responses: int,
+                 take: Callable[[Any, np.ndarray], Any]) -> None:
+        """Point ``new``'s usable groups at ``take(batch, their rows)`` (positions renumbered), the rest at None."""
+        usable = len(new)
+        if self.enable and self.mode == "reference":  # surplus beyond train_batch_size is never selected
+            usable = max(0, min(usable, self.train_batch_size - len(self._step.kept)))
+        rows = np.concatenate([g.indices for g in new[:usable]]) if usable else np.zeros(0, dtype=np.int64)
+        if np.array_equal(rows, np.arange(num_responses)):
+            return  # every response kept, in order: hold the batch itself, no copy
+        held = take(batch, rows) if usable else None
+        offset = 0
+        for i, g in enumerate(new):
+            if i < usable:
+                g.indices = np.arange(offset, offset + len(g.indices), dtype=np.int64)
+                offset += len(g.indices)
+                g.batch = held
+            else:
+                g.batch = None
 
     def _exhausted_message(self) -> str:
         s = self._step

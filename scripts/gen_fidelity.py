@@ -138,6 +138,7 @@ REFERENCE_DEFAULTS: dict[str, Any] = {
     "algorithm.gamma": 1.0,
     "algorithm.lam": 1.0,
     "data.shuffle": True,
+    "trainer.max_actor_ckpt_to_keep": None,
     "data.seed": 1,  # ray_trainer: train_dataloader_generator.manual_seed(config.data.get("seed", 1))
     "trainer.balance_batch": True,
     "trainer.total_training_steps": None,
@@ -185,6 +186,11 @@ DEVIATIONS: dict[str, str] = {
     "download of Qwen2.5-32B); `recipe.model.path=<dir>` uses a local copy.",
     "trainer.default_local_dir": "Deployment path only: checkpoints on the shared volume, so a restarted job "
     "resumes from them.",
+    "trainer.max_actor_ckpt_to_keep": "Retention, not the recipe: the reference keeps every checkpoint (~400 GB "
+    "each for 32B with optimizer state, one per `save_freq` = 5 steps), which fills any volume long before the run "
+    "ends and then fails every retry at its next save. `recipe.trainer.max_ckpt_to_keep: 3` keeps the newest three; "
+    "`dapo.checkpoint` deletes older ones (atomic rename to trash, so a kill mid-deletion never damages a "
+    "checkpoint), for both backends (verl itself is told to delete nothing: its rotation forgets earlier attempts).",
 }
 
 # Deviations that are not a config value: how the run differs from the reference beyond its keys.

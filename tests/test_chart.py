@@ -92,6 +92,7 @@ FAIL_CASES = [
     ({"preset": "tiny", "gpusPerNode": 1}, "gpusPerNode:"),
     ({"head": {"rayStartParams": {"num-cpus": "2"}}}, "head.rayStartParams.num-cpus:"),
     ({"overrides": ["placement.nodes=4"]}, "overrides:"),
+    ({"storage": {"size": "1Ti"}}, "storage.size: 1Ti is smaller than what preset full needs: "),
     ({"overrides": ["trainer.n_gpus_per_node=4"]}, "overrides:"),
     ({"train": {"shutdownAfterJobFinishes": False}}, "train.ttlSecondsAfterFinished:"),
     ({"train": {"deletionRules": DELETE_OK}}, "train.deletionRules:"),

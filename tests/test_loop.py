@@ -147,3 +147,74 @@ def test_prompt_stream_covers_each_epoch_once_and_restores_its_cursor():
     np.testing.assert_array_equal(t.take(3), nxt)
     with pytest.raises(ValueError, match="exceeds"):
         t.take(11)
+
+
+class _Held(dict):
+    """A backend-private payload the test can take a weak reference to."""
+
+
+class _TrackingBackend(ScriptedBackend):
+    """Records a weak reference to every generation batch's private data, and at concat time which are alive."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        import weakref
+
+        self._weakref = weakref.ref
+        self.generated: list = []  # (weakref to data, responses)
+        self.alive_at_concat: list[list[int]] = []
+        self.held_rows_at_concat: list[int] = []
+
+    def generate(self, prompts, sampling, group_ids=None):
+        r = super().generate(prompts, sampling, group_ids)
+        r.data = _Held(r.data)
+        if group_ids is not None:  # training batches only
+            self.generated.append((self._weakref(r.data), len(r)))
+        return r
+
+    def select(self, rollout, index):
+        idx = np.asarray(index, dtype=np.int64)
+        return rollout.take(idx, _Held({"row": rollout.data["row"][idx]}))
+
+    def concat(self, rollouts):
+        import gc
+
+        gc.collect()
+        self.alive_at_concat.append([i for i, (ref, _) in enumerate(self.generated) if ref() is not None])
+        self.held_rows_at_concat.append(sum(len(r) for r in rollouts))
+        return super().concat(rollouts)
+
+
+def test_the_loop_holds_only_rows_of_kept_groups_not_generation_batches(tmp_path):
+    """Once the sampler has decided, a generation batch is gone: at the end of dynamic sampling no generated batch
+    (with filtered groups) is alive -- only the copies of its kept rows, train_batch_size x n of them."""
+    loop, be = _loop(tmp_path, ["recipe.data.shuffle=false"], backend=_TrackingBackend(seed=0))
+    assert loop.fit() == 0
+    assert len(be.alive_at_concat) == 3 and len(be.generated) >= 6
+    # every generation batch of this task has all-right and all-wrong groups: none may survive the sampler
+    assert be.alive_at_concat == [[], [], []]
+    assert be.held_rows_at_concat == [4 * 4] * 3
+
+
+def test_results_are_the_same_whether_the_sampler_holds_copies_or_whole_batches(tmp_path, monkeypatch):
+    """Compaction changes memory, not numbers: the same updates with the old behaviour (whole batches held)."""
+    from dapo import sampler as sampler_mod
+
+    loop, be = _loop(tmp_path / "copies", ["recipe.trainer.total_training_steps=4"])
+    assert loop.fit() == 0
+    real_add = sampler_mod.DynamicSampler.add
+    monkeypatch.setattr(sampler_mod.DynamicSampler, "add",
+                        lambda self, g, m=None, *, batch=None, take=None: real_add(self, g, m, batch=batch))
+    loop2, be2 = _loop(tmp_path / "whole", ["recipe.trainer.total_training_steps=4"])
+    assert loop2.fit() == 0
+    assert len(be.updates) == len(be2.updates) == 4
+    for a, b in zip(be.updates, be2.updates):
+        assert list(a["batch"].group_ids) == list(b["batch"].group_ids)
+        assert a["batch"].response_text == b["batch"].response_text
+        np.testing.assert_array_equal(a["batch"].data["row"], b["batch"].data["row"])
+        np.testing.assert_array_equal(a["advantages"], b["advantages"])
+    ra = [json.dumps({k: v for k, v in r.items() if not k.startswith("timing") and k != "ts"}, sort_keys=True)
+          for r in read_jsonl(tmp_path / "copies" / "metrics.jsonl")]
+    rb = [json.dumps({k: v for k, v in r.items() if not k.startswith("timing") and k != "ts"}, sort_keys=True)
+          for r in read_jsonl(tmp_path / "whole" / "metrics.jsonl")]
+    assert ra == rb

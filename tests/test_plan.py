@@ -218,7 +218,9 @@ def test_cli_json_and_text(capsys):
     assert "8 x 8 H200" in text and "longest 16,384" in text and "320 rollout steps = 5,120 gradient steps" in text
     assert P.main(["--preset", "full", "--set", "placement.parallel.rollout_tp=3"]) == 1
     assert "ERROR placement.parallel.rollout_tp" in capsys.readouterr().out
-    assert P.main(["--preset", "tiny"]) == 2
+    # a local preset has no GPU plan, only where its loop runs and its volume (tests/test_sizing.py)
+    assert P.main(["--preset", "tiny"]) == 0
+    assert "local backend (one process, no GPU plan)" in capsys.readouterr().out
 
 
 def test_generated_tables_in_docs_are_fresh():

@@ -8,6 +8,8 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dapo.sampler import DynamicSampler, DynamicSamplingError
 
@@ -249,3 +251,82 @@ def test_preset_rules_for_dynamic_sampling_name_the_key(overrides, key):
                              metric=r.filter_groups.metric, max_num_gen_batches=r.filter_groups.max_num_gen_batches,
                              mode=r.filter_groups.mode, gen_batch_size=r.data.gen_batch_size)  # fmt: skip
     assert sampler.suggested_gen_batch_size() == r.data.gen_batch_size
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Memory: with take=, only rows the step may still use are held
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class _Batch:
+    def __init__(self, rows):
+        self.rows = np.asarray(rows)
+
+    def __len__(self):
+        return len(self.rows)
+
+
+def _take(batch, idx):
+    return _Batch(batch.rows[idx])
+
+
+def _held_rows(sampler):
+    held = {id(g.batch): g.batch for g in sampler._step.kept if g.batch is not None}
+    return sum(len(b) for b in held.values())
+
+
+@pytest.mark.parametrize("mode", ["reference", "carry"])
+def test_sampler_with_take_holds_only_usable_kept_rows_and_drops_the_batch(mode):
+    import gc
+    import weakref
+
+    n = 2
+    s = DynamicSampler(train_batch_size=3, n=n, mode=mode, max_num_gen_batches=0)
+    # batch 1: groups 0..3, only group 1 varies; batch 2: groups 4..7, groups 4, 5, 6 vary (one is surplus)
+    batches = [([0, 0, 1, 1, 2, 2, 3, 3], [1, 1, 0, 1, 0, 0, 1, 1]),
+               ([4, 4, 5, 5, 6, 6, 7, 7], [0, 1, 1, 0, 0, 1, 0, 0])]
+    refs = []
+    for gids, acc in batches:
+        batch = _Batch(np.arange(len(gids)) + 100 * len(refs))
+        refs.append(weakref.ref(batch))
+        s.add(gids, acc, batch=batch, take=_take)
+        del batch
+    gc.collect()
+    assert [r() for r in refs] == [None, None]  # no generation batch is referenced any more
+    usable = 3 if mode == "reference" else 4  # the reference recipe never trains on the surplus group
+    assert _held_rows(s) == usable * n
+    rows = np.concatenate([sel.batch.rows[sel.indices] for sel in s.selection()])
+    assert rows.tolist() == [2, 3, 100, 101, 102, 103]  # groups 1, 4, 5 in generation order, whole groups
+
+
+def test_sampler_with_take_keeps_a_fully_kept_batch_without_copying():
+    s = DynamicSampler(train_batch_size=2, n=2, enable=False)
+    batch = _Batch(np.arange(4))
+    s.add([0, 0, 1, 1], batch=batch, take=lambda b, i: pytest.fail("no copy when every row is kept"))
+    (sel,) = s.selection()
+    assert sel.batch is batch and sel.indices.tolist() == [0, 1, 2, 3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_selection_with_take_equals_selection_without(data):
+    mode = data.draw(st.sampled_from(["reference", "carry"]))
+    tbs = data.draw(st.integers(1, 4))
+    n = data.draw(st.integers(1, 3))
+    a = DynamicSampler(train_batch_size=tbs, n=n, mode=mode, max_num_gen_batches=0)
+    b = DynamicSampler(train_batch_size=tbs, n=n, mode=mode, max_num_gen_batches=0)
+    gid = 0
+    for step in range(data.draw(st.integers(1, 3))):
+        while not a.is_full():
+            groups = data.draw(st.integers(1, 4))
+            gids = [g for g in range(gid, gid + groups) for _ in range(n)]
+            gid += groups
+            acc = data.draw(st.lists(st.integers(0, 1), min_size=len(gids), max_size=len(gids)))
+            rows = np.arange(len(gids)) + 1000 * gid
+            a.add(gids, acc, batch=_Batch(rows), take=_take)
+            b.add(gids, acc, batch=_Batch(rows))
+        assert b.is_full()
+        ra = np.concatenate([sel.batch.rows[sel.indices] for sel in a.selection()])
+        rb = np.concatenate([sel.batch.rows[sel.indices] for sel in b.selection()])
+        assert ra.tolist() == rb.tolist()
+        assert a.finish_step() == b.finish_step()

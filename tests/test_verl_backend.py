@@ -370,3 +370,16 @@ def test_the_dapo_loop_runs_and_resumes_on_the_verl_backend_over_the_stand_in(se
     loads = [c for c in workers2.calls if c[0] == "load"]
     assert len(loads) == 1 and loads[0][2] == 2
     assert [c[1] for c in workers2.calls if c[0] == "update_actor"] == [4 * N] and backend2.step == 3
+
+
+def test_loop_memory_model_counts_the_bytes_of_a_generation_batch_row(backend, setup):
+    """dapo.sizing.row_bytes (what `dapo plan` sizes the loop with) against the tensors a generation batch really
+    holds in the loop: the agent-loop output keys (stand-in shaped like verl 0.9.1's AgentLoopWorker._postprocess:
+    int64 prompts, responses, response_mask, input_ids, attention_mask, position_ids; fp32 rollout_log_probs,
+    rm_scores) plus whatever VerlBackend adds."""
+    from dapo.sizing import row_bytes
+
+    preset, cfg = setup
+    r = backend.generate(_rows(3), _train_sampling(preset), group_ids=[20, 21, 22])
+    held = sum(t.element_size() * t.numel() for t in r.data.batch.values())
+    assert held == len(r) * row_bytes(int(cfg.data.max_prompt_length), int(cfg.data.max_response_length))

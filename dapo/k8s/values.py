@@ -261,6 +261,14 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
         if not path.startswith(prefix):
             raise ValuesError(f"{key}: {q(path)} is not under storage.mountPath {q(mount)} (it would not survive the pod)")
 
+    if v["train"]["enabled"] and not v["storage"]["existingClaim"]:
+        from dapo import sizing
+        from dapo.config import load_preset
+
+        need = sizing.storage(load_preset(v["preset"]))
+        if need["bytes"] is not None and sizing.parse_quantity(v["storage"]["size"]) < need["bytes"]:
+            raise ValuesError(sizing.storage_message(v["preset"], v["storage"]["size"], need["summary"]))
+
     if v["eval"]["enabled"]:
         if pl["evalGpus"] < 1:
             raise ValuesError(

@@ -1,0 +1,233 @@
+"""Host memory of the DAPO loop and storage of a run, per preset -- what ``dapo plan`` reports and the chart checks.
+
+Where the loop runs
+-------------------
+The loop is the Ray job driver, started on a worker pod (the training RayJob's ``entrypointNumCpus: 1``; the head has
+``num-cpus: 0``). Its memory is bounded by that pod's limit minus what the pod's other tenants use:
+
+    available = worker.resources.limits.memory - reserved
+    reserved  = worker.shmSize                                  (memory-backed /dev/shm counts against the limit)
+              + gpus_per_node x worker_process_gib              (a verl worker + its vLLM engine per GPU: CUDA
+                                                                 context, NCCL and pinned buffers, Python)
+              + FSDP offload per node                           (fp32 params / Adam moments with param_offload /
+                                                                 optimizer_offload, sharded over all GPUs)
+              + 4 N                                              (verl's hf_model save gathers the full fp32 state
+                                                                 dict on rank 0's pod; the loop may share it)
+
+Local-backend presets run the whole model in the loop's process; only /dev/shm is reserved there.
+
+The loop's peak (verl backend), from verl 0.9.1's agent-loop output (``AgentLoopManager`` pads every sample to
+``prompt_length`` / ``response_length`` and concatenates the workers' outputs in the caller)::
+
+    row     = 8 x (P + R + R + 3 (P + R))     int64 prompts, responses, response_mask, input_ids, attention_mask,
+                                              position_ids
+            + 4 x (R + R)                     fp32 rollout_log_probs and rm_scores
+            + 4 x (R + R)                     fp32 token_level_scores / token_level_rewards (dapo.backends.verl)
+    gen     = gen_batch_size x n rows;   train = train_batch_size x n rows
+    during generation: 2 x gen x row (the workers' outputs + their concat) + kept rows held from earlier batches
+                       of the step (dapo.sampler: at most train rows; carry mode also a batch's surplus)
+    building the step: kept rows + their concat (train x row each) + fp32 old log-probs, advantages and returns
+                       (train x R x 4 each)
+    peak    = base + dataset rows x row_object_bytes + max(generation, step)
+
+with P = max_prompt_length, R = max_response_length (padded, so lengths do not matter).
+
+Storage
+-------
+At most ``max_ckpt_to_keep + 1`` checkpoints exist at once (dapo.checkpoint prunes before and after a save). One
+verl checkpoint of an N-parameter model: fp32 FSDP model shards (4N) + Adam moments (8N) + ``hf_model`` (4N: verl
+passes the fp32 full state dict to ``save_pretrained``); the model download in the HF cache is bf16 (2N); data is a
+fixed allowance; 10% headroom on top. ``max_ckpt_to_keep: null`` (keep all) counts every checkpoint the run saves.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+GIB = 1024**3
+TIB = 1024**4
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i?|k)?$")
+_MULT = {None: 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+         "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+@dataclass(frozen=True)
+class SizingAssumptions:
+    # The loop process besides its batches: interpreter, torch, verl, the Ray core worker, tokenizer, wandb.
+    loop_base_gib: float = 4.0
+    # The same for the local backend (torch + transformers, no verl / Ray client).
+    local_base_gib: float = 1.5
+    # One training row held by the loop as Python objects (chat prompt, ground truth, metadata).
+    row_object_bytes: int = 2048
+    # Per GPU on a verl worker pod: the FSDP worker and the vLLM engine processes outside the GPU.
+    worker_process_gib: float = 10.0
+    # Parquet files on the volume (training + validation + a de-duplicated copy).
+    data_gib: float = 2.0
+    # Storage headroom (logs, wandb, eval outputs, file system overhead).
+    headroom: float = 0.10
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_quantity(text: Any) -> float:
+    """Bytes of a Kubernetes quantity as the chart's schema allows it (``500Gi``, ``8Ti``, ``1.5T``, ``1000``)."""
+    m = _QUANTITY.match(str(text).strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a quantity like 500Gi or 8Ti")
+    return float(m.group(1)) * _MULT[m.group(2)]
+
+
+def fmt_bytes(b: float) -> str:
+    """``366.4 GiB`` / ``2.3 TiB`` -- one format for messages, the chart's data file and docs."""
+    if b >= TIB:
+        return f"{b / TIB:.1f} TiB"
+    if b >= GIB:
+        return f"{b / GIB:.1f} GiB"
+    return f"{b / 2**20:.1f} MiB"
+
+
+def model_params(preset) -> int:
+    """Parameters of the preset's model (the plan's architecture table; a built-in tiny model from ``local``)."""
+    from dapo.plan import Arch, resolve_arch
+
+    if preset.recipe.model.path.startswith("builtin:"):
+        m = preset.local.model
+        return Arch("builtin", m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads,
+                    m.intermediate_size, m.vocab_size, m.tie_word_embeddings, m.max_position_embeddings).params
+    return resolve_arch(preset.recipe.model.path).params
+
+
+def row_bytes(prompt_len: int, response_len: int) -> int:
+    """Host bytes of one padded sample of verl 0.9.1's agent-loop output as the loop holds it (module doc)."""
+    P, R = prompt_len, response_len
+    return 8 * (P + R + R + 3 * (P + R)) + 4 * (R + R) + 4 * (R + R)
+
+
+def loop_memory(preset, dataset_rows: Optional[int] = None, A: SizingAssumptions = SizingAssumptions()
+                ) -> dict[str, float]:
+    """Peak host bytes of the loop process and its parts (module doc)."""
+    r = preset.recipe
+    d, n = r.data, r.rollout.n
+    gen_rows = (d.gen_batch_size or d.train_batch_size) * n
+    train_rows = d.train_batch_size * n
+    row = row_bytes(d.max_prompt_length, d.max_response_length)
+    gen = gen_rows * row
+    train = train_rows * row
+    held = 0.0
+    if r.filter_groups.enable:
+        held = train + (gen if r.filter_groups.mode == "carry" else 0.0)
+    generation = 2.0 * gen + held
+    step = 2.0 * train + 3.0 * train_rows * d.max_response_length * 4.0
+    out = {
+        "row_bytes": float(row),
+        "generation_batch": float(gen),
+        "during_generation": generation,
+        "building_step": step,
+        "dataset_rows": float(dataset_rows or 0),
+        "rows_as_objects": float((dataset_rows or 0) * A.row_object_bytes),
+        "base": (A.local_base_gib if preset.placement.backend == "local" else A.loop_base_gib) * GIB,
+        "model_state": 0.0,
+    }
+    if preset.placement.backend == "local":
+        # the whole model lives in the loop: fp32 weights, gradients, Adam moments, plus a frozen reference copy
+        out["model_state"] = 20.0 * model_params(preset)
+    out["peak"] = out["base"] + out["rows_as_objects"] + out["model_state"] + max(generation, step)
+    return out
+
+
+def worker_reserved(preset, shm_bytes: float, A: SizingAssumptions = SizingAssumptions()) -> dict[str, float]:
+    """Bytes of the worker pod the loop cannot use (module doc)."""
+    p = preset.placement
+    out = {"shm": float(shm_bytes), "worker_processes": 0.0, "fsdp_offload": 0.0, "hf_model_gather": 0.0}
+    if p.backend != "local":
+        N = model_params(preset)
+        world = p.nodes * p.gpus_per_node
+        shards = p.parallel.fsdp_size if p.parallel.fsdp_size > 0 else world
+        out["worker_processes"] = p.gpus_per_node * A.worker_process_gib * GIB
+        out["fsdp_offload"] = p.gpus_per_node * ((4.0 * N / shards if p.parallel.param_offload else 0.0)
+                                                 + (8.0 * N / shards if p.parallel.optimizer_offload else 0.0))
+        out["hf_model_gather"] = 4.0 * N
+    out["total"] = sum(out.values())
+    return out
+
+
+def checkpoints_saved(preset) -> Optional[int]:
+    """Checkpoints a run saves in all (None if the run length is unknown)."""
+    t = preset.recipe.trainer
+    if t.save_freq <= 0 or t.total_training_steps is None:
+        return None
+    return math.ceil(t.total_training_steps / t.save_freq)
+
+
+def storage(preset, A: SizingAssumptions = SizingAssumptions()) -> dict[str, Any]:
+    """Bytes the run's volume needs (module doc) and a one-line account of them."""
+    t = preset.recipe.trainer
+    N = model_params(preset)
+    per_ckpt = (4.0 + 8.0 + 4.0) * N if preset.placement.backend != "local" else 16.0 * N
+    keep = t.max_ckpt_to_keep if t.max_ckpt_to_keep and t.max_ckpt_to_keep > 0 else None
+    saved = checkpoints_saved(preset)
+    if keep is not None:
+        count = keep + 1 if saved is None else min(keep + 1, saved)
+        how = f"(max_ckpt_to_keep {keep} + 1) checkpoints"
+    elif saved is not None:
+        count, how = saved, f"all {saved} checkpoints (max_ckpt_to_keep: null)"
+    else:
+        count, how = None, "all checkpoints (max_ckpt_to_keep: null, run length unknown)"
+    model_cache = 0.0 if preset.recipe.model.path.startswith("builtin:") else 2.0 * N
+    data = A.data_gib * GIB if preset.recipe.data.train_files else 0.0  # a built-in task is made in memory
+    if count is None:
+        return {"bytes": None, "per_checkpoint": per_ckpt, "checkpoints": None, "model_cache": model_cache,
+                "data": data, "summary": f"unbounded: {how} x {fmt_bytes(per_ckpt)}; set "
+                                         "recipe.trainer.max_ckpt_to_keep"}
+    total = (count * per_ckpt + model_cache + data) * (1.0 + A.headroom)
+    total = float(math.ceil(total / GIB) * GIB)  # whole GiB: the same number in every file and message
+    summary = (f"{fmt_bytes(total)} = {how} x {fmt_bytes(per_ckpt)} + model cache {fmt_bytes(model_cache)} + data "
+               f"{fmt_bytes(data)} + {A.headroom:.0%} headroom")
+    return {"bytes": total, "per_checkpoint": per_ckpt, "checkpoints": count, "model_cache": model_cache,
+            "data": data, "summary": summary}
+
+
+def storage_message(preset_name: str, size: str, summary: str) -> str:
+    """The refusal of a too-small volume -- the chart prints the same text (charts/dapo/templates/_validate.tpl)."""
+    return (f"storage.size: {size} is smaller than what preset {preset_name} needs: {summary} (dapo plan --preset "
+            f"{preset_name}); raise storage.size or lower recipe.trainer.max_ckpt_to_keep")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The chart's copy: charts/dapo/files/requirements.yaml (Helm cannot run Python)
+# --------------------------------------------------------------------------------------------------------------------
+
+REQUIREMENTS_HEADER = (
+    "# Generated by `dapo plan --requirements-file charts/dapo/files/requirements.yaml` from dapo/presets; do not\n"
+    "# edit (tests/test_sizing.py checks it is fresh). The chart refuses a storage.size below storageBytes\n"
+    "# (templates/_validate.tpl); scripts/render.py computes the same numbers with dapo.sizing.\n"
+)
+
+
+def requirements() -> dict[str, Any]:
+    """Per runnable preset: storage bytes and summary, loop peak memory (what the chart's data file holds)."""
+    from dapo.config import load_preset
+    from dapo.k8s.presets import runnable_presets
+    from dapo.plan import KNOWN_DATASET_ROWS
+
+    out: dict[str, Any] = {}
+    for name in runnable_presets():
+        preset = load_preset(name)
+        s = storage(preset)
+        files = preset.recipe.data.train_files
+        rows = KNOWN_DATASET_ROWS.get(files[0].rsplit("/", 1)[-1]) if files else None
+        out[name] = {"storageBytes": int(s["bytes"]) if s["bytes"] is not None else None,
+                     "storage": s["summary"],
+                     "loopMemoryBytes": int(loop_memory(preset, rows)["peak"])}
+    return {"presets": out}
+
+
+def requirements_text() -> str:
+    import yaml
+
+    return REQUIREMENTS_HEADER + yaml.safe_dump(requirements(), sort_keys=True, width=1000)
