@@ -364,9 +364,10 @@ class LoopbackRayCluster:
         self._serial = 0
         self.head = self._add("head", self.spec["headGroupSpec"], head=True)
         self.head.wait_raylet()
-        for group in self.spec.get("workerGroupSpecs", []):
-            for _ in range(worker_count(group)):
-                self.add_worker(group)
+        started = [self.add_worker(group, wait=False) for group in self.spec.get("workerGroupSpecs", [])
+                   for _ in range(worker_count(group))]
+        for pod in started:  # the workers start side by side, as KubeRay creates their pods at once
+            pod.wait_raylet()
         self.wait_nodes()
 
     def _add(self, name: str, group: dict[str, Any], *, head: bool) -> Pod:
@@ -375,10 +376,11 @@ class LoopbackRayCluster:
         self.pods.append(pod)
         return pod
 
-    def add_worker(self, group: dict[str, Any]) -> Pod:
+    def add_worker(self, group: dict[str, Any], wait: bool = True) -> Pod:
         self._serial += 1
         pod = self._add(f"w{self._serial}", group, head=False)  # short: AF_UNIX paths under the temp dir
-        pod.wait_raylet()
+        if wait:
+            pod.wait_raylet()
         return pod
 
     def workers(self) -> list[Pod]:

@@ -48,8 +48,10 @@ from kuberay_loopback import (
 pytestmark = pytest.mark.slow
 
 # The run made short through the values' `overrides` (appended to the rendered entrypoint): a smaller model and task,
-# a short warm start, a checkpoint every step. The 30-step warm start solves nothing yet, so every group is
+# a short warm start, STEPS steps with a checkpoint after each and KEEP kept, so that old checkpoints are deleted
+# and steps are left after the first checkpoint. The 30-step warm start solves nothing yet, so every group is
 # all-wrong and dynamic sampling (tested with a scripted backend in test_loop.py) would never fill a batch.
+STEPS, KEEP = 4, 2
 SHORT = [
     "local.model.hidden_size=64",
     "local.model.num_hidden_layers=1",
@@ -57,7 +59,7 @@ SHORT = [
     "local.model.num_key_value_heads=2",
     "local.model.intermediate_size=128",
     "local.task.n_train=400",
-    "local.task.n_val=32",
+    "local.task.n_val=16",
     "local.warm_start.steps=30",
     "local.warm_start.batch_size=32",
     "local.micro_batch_size=8",
@@ -66,20 +68,20 @@ SHORT = [
     "recipe.rollout.n=4",
     "recipe.actor.ppo_mini_batch_size=2",
     "recipe.filter_groups.enable=false",
+    f"recipe.trainer.total_training_steps={STEPS}",
     "recipe.trainer.save_freq=1",
+    f"recipe.trainer.max_ckpt_to_keep={KEEP}",
 ]
 VOLATILE = ("timing_s/", "ts", "perf/")  # wall-clock metrics: differ between any two runs
 
 
-def _render(root: Path, steps: int | None):
+def _render(root: Path):
     """The tiny RayJob and preset ConfigMap from Helm, with the shared volume and the preset mount under root."""
     shared, presets_dir = root / "shared", root / "etc" / "presets"
     files, release = set_files("tiny")
     base = user_values(files)
     mount = base.get("storage", {}).get("mountPath", "/shared").rstrip("/")
     overrides = [o.replace(f"={mount}/", f"={shared}/") for o in base.get("overrides", [])] + SHORT
-    if steps is not None:
-        overrides.append(f"recipe.trainer.total_training_steps={steps}")
     values = user_values(files, {
         "storage": {"mountPath": str(shared), "hfHome": f"{shared}/hf"},
         "dataPrep": {"outDir": f"{shared}/data"},
@@ -153,19 +155,13 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
     cluster = None
     try:
         # --- the rendered objects ----------------------------------------------------------------------------
-        rayjob, configmap, shared, presets_dir = _render(root, None)
+        rayjob, configmap, shared, presets_dir = _render(root)
         presets_dir.mkdir(parents=True)
         for key, text in configmap["data"].items():  # what the kubelet mounts at train.presetDir
             (presets_dir / key).write_text(text)
-        keep = _effective_preset(rayjob, presets_dir).recipe.trainer.max_ckpt_to_keep
-        assert keep, "the tiny preset sets no recipe.trainer.max_ckpt_to_keep (checkpoint retention)"
-        steps = keep + 3  # a save per step: more saves than kept, and steps left after the first one
-        rayjob, configmap, _, _ = _render(root, steps)
-        for key, text in configmap["data"].items():
-            (presets_dir / key).write_text(text)
-        preset = _effective_preset(rayjob, presets_dir)
-        trainer = preset.recipe.trainer
-        assert (trainer.total_training_steps, trainer.save_freq, trainer.max_ckpt_to_keep) == (steps, 1, keep)
+        trainer = _effective_preset(rayjob, presets_dir).recipe.trainer
+        steps, keep = trainer.total_training_steps, trainer.max_ckpt_to_keep
+        assert (steps, trainer.save_freq, keep) == (STEPS, 1, KEEP)
         run_dir = Path(trainer.default_local_dir)
         assert run_dir.is_relative_to(shared), f"the run directory {run_dir} is not on the shared volume"
         ckpts = run_dir / "checkpoints"
@@ -227,15 +223,15 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         submitter, status = run_attempt(first_id)
         assert status == "RUNNING", f"{status}: {client.get_job_info(first_id).message}"
         node = driver_node(first_id)
+        lost = cluster.pod_of(node)
+        assert lost in workers
+        lost_node, lost_resources = cluster.nodes()[node], _expected_resources(lost)
+        assert _logical(lost_node) == lost_resources
         deadline = time.monotonic() + 300
         while not complete_steps(ckpts):
             assert client.get_job_status(first_id).value == "RUNNING", client.get_job_info(first_id).message
             assert time.monotonic() < deadline, "no checkpoint after 300 s"
             time.sleep(0.1)
-        lost = cluster.pod_of(node)
-        assert lost in workers
-        lost_node, lost_resources = cluster.nodes()[node], _expected_resources(lost)
-        assert _logical(lost_node) == lost_resources
         drivers = _drivers(presets_dir)
         assert drivers and drivers <= {p.pid for p in lost.tree()}, "the job driver is not a process of its node"
         killed = lost.lose()
@@ -270,9 +266,9 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         assert sorted(p.name for p in logs.glob("attempt-*.log")) == ["attempt-1.log", "attempt-2.log"]
         first_log, second_log = (logs / "attempt-1.log").read_text(), (logs / "attempt-2.log").read_text()
         assert f"step {at_kill[-1]}/{steps}" in first_log, first_log[-3000:]
-        assert "resumed from" not in first_log
+        assert "resumed from" not in first_log and "dapo: exit code" not in first_log  # it ended with its pod
         assert f"resumed from {ckpts / f'global_step_{at_kill[-1]}'}" in second_log, second_log[-3000:]
-        assert f"step {steps}/{steps}" in second_log
+        assert f"step {steps}/{steps}" in second_log and "dapo: exit code 0" in second_log.splitlines()[-1]
 
         a, b = _records(straight), _records(run_dir)
         diff = [(x, y) for x, y in zip(a, b) if x != y]
@@ -283,7 +279,7 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
 
         assert complete_steps(ckpts) == list(range(steps - keep + 1, steps + 1)), complete_steps(ckpts)
         assert complete_steps(straight / "checkpoints") == list(range(steps - keep + 1, steps + 1))
-        assert not list(ckpts.glob(".tmp-*")), "a temporary checkpoint directory was left behind"
+        assert not list(ckpts.glob(".tmp-*")) + list(ckpts.glob(".trash-*")), "a temporary directory was left behind"
         phase("same metrics, retention and attempt logs checked")
     finally:
         if cluster is not None:
