@@ -21,6 +21,7 @@ KubeRay's own retry controller (here the test resubmits; the head survives, wher
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -135,6 +136,12 @@ def _drivers(presets_dir: Path) -> set[int]:
     return out
 
 
+def _submitter_done(submitter, output: str) -> None:
+    """A submitter (K8sJobMode: `ray job logs --follow` after the submission) ends with its job, successfully."""
+    if submitter is not None:
+        assert submitter.wait(timeout=60) == 0, output
+
+
 def _wait(client, job_id: str, timeout: float, until=TERMINAL) -> str:
     deadline = time.monotonic() + timeout
     while (status := str(client.get_job_status(job_id).value)) not in until:
@@ -170,8 +177,6 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         (shared / "wandb").mkdir(parents=True)
 
         # --- the cluster -------------------------------------------------------------------------------------
-        import os
-
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "HF_TOKEN", "WANDB_"))}
         env.update({"HOME": str(root / "home"), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                     "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -209,10 +214,11 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
 
         # --- 1. an uninterrupted run -------------------------------------------------------------------------
         straight_id = kuberay_job_id(rayjob)
-        run_attempt(straight_id)
+        submitter, _ = run_attempt(straight_id)
         driver_node(straight_id)
         status = _wait(client, straight_id, 420)
         assert status == "SUCCEEDED", f"{status}: {client.get_job_info(straight_id).message}"
+        _submitter_done(submitter, cluster.submitter_output(straight_id))
         phase("uninterrupted run SUCCEEDED off the head")
         assert (run_dir / "logs" / "attempt-1.log").is_file(), sorted(run_dir.rglob("*.log"))
         straight = run_dir.with_name(run_dir.name + "-straight")
@@ -255,10 +261,11 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         phase(f"replacement {replacement.name} joined")
         second_id = kuberay_job_id(rayjob)
         assert second_id != first_id
-        run_attempt(second_id)
+        submitter, _ = run_attempt(second_id)
         driver_node(second_id)
         status = _wait(client, second_id, 420)
         assert status == "SUCCEEDED", f"{status}: {client.get_job_info(second_id).message}"
+        _submitter_done(submitter, cluster.submitter_output(second_id))
         phase("attempt 2 SUCCEEDED")
 
         # --- 4. the same end, bounded storage, the logs of every attempt ------------------------------------
