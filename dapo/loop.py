@@ -188,8 +188,9 @@ class DAPOLoop:
         if self._log is not None:
             self._log(msg)
         elif self._bar is not None:
-            self._bar.write(msg)  # on the console only (the bar is never logged): the attempt log gets it here
-            runlog.note(msg)
+            # on the bar's console only (tqdm.write defaults to stdout, which the attempt log already copies)
+            self._bar.write(msg, file=self._bar.fp)
+            runlog.note(msg)  # ... so the attempt log gets it here, once
         else:
             print(msg, flush=True)
 

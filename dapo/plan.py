@@ -931,7 +931,8 @@ def _chart_values(preset: Preset, value_files: list[str]) -> tuple[Optional[dict
                                                                   [str(f.relative_to(CHECKOUT)) for f in files])
 
 
-def runtime_report(preset: Preset, dataset_rows: Optional[int], value_files: list[str]
+def runtime_report(preset: Preset, dataset_rows: Optional[int], value_files: list[str], *,
+                   nodes: Optional[int] = None, gpus_per_node: Optional[int] = None
                    ) -> tuple[dict[str, Any], list[Check], list[str]]:
     """The loop's peak host memory against the worker pod it runs on, and the volume against the run's storage
     (dapo.sizing states the model). Returns (numbers, checks, printed lines)."""
@@ -958,7 +959,10 @@ def runtime_report(preset: Preset, dataset_rows: Optional[int], value_files: lis
                                 "by the pod and unchecked"))
         else:
             limit = sizing.parse_quantity(limit_text)
-            res = sizing.worker_reserved(preset, sizing.parse_quantity(w["shmSize"]))
+            # the placement the chart gives the worker group: --nodes / --gpus-per-node, else values, else preset
+            res = sizing.worker_reserved(preset, sizing.parse_quantity(w["shmSize"]),
+                                         nodes=nodes or values.get("nodes"),
+                                         gpus_per_node=gpus_per_node or values.get("gpusPerNode"))
             avail = limit - res["total"]
             out["worker"] = {"limit": limit, "reserved": res, "available": avail}
             L.append(f"  worker pod ({where}): memory {limit_text} - reserved {fb(res['total'])} (/dev/shm "
@@ -1018,7 +1022,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             rows = parquet_rows(preset.recipe.data.train_files[0])
         if rows is None and preset.recipe.data.train_files:
             rows = KNOWN_DATASET_ROWS.get(Path(preset.recipe.data.train_files[0]).name)
-        runtime, runtime_checks, runtime_lines = runtime_report(preset, rows, args.values)
+        runtime, runtime_checks, runtime_lines = runtime_report(preset, rows, args.values, nodes=args.nodes,
+                                                                gpus_per_node=args.gpus_per_node)
         if preset.placement.backend == "local":  # no GPU plan: only where the loop runs and the volume
             print(f"dapo plan: preset {preset.name} -- local backend (one process, no GPU plan)\n")
             print("\n".join(runtime_lines + [""] + [f"  {c}" for c in runtime_checks]))

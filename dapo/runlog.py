@@ -9,7 +9,8 @@ pod; both disappear with the head when KubeRay retries. :class:`AttemptLog` keep
   (stdout to stdout, stderr to stderr) and to the file, so everything is kept -- Python prints, warnings,
   tracebacks, native libraries and child processes that inherit the descriptors, and the lines of Ray workers the
   driver prints -- and the console shows what it showed before;
-- the first line names the file (on the console too), the last one the exit code.
+- the first line names the file (on the console too), the last one the exit code. Within the file, stdout and
+  stderr are interleaved chunk by chunk as the two threads copy them (like any ``2>&1``, not byte-exact).
 
 A process killed with SIGKILL loses at most what was still in the pipe (the threads write each chunk through at
 once). A progress bar is drawn only on an interactive console (:func:`console`), never into the file.
@@ -131,21 +132,31 @@ class AttemptLog:
         first = f"dapo: this attempt's log (stdout + stderr): {self.path}"
         if self.header:
             first += f" | {self.header}"
-        print(f"{first} | started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", flush=True)
+        self._both(f"{first} | started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n")
         return self
+
+    def _both(self, line: str) -> None:
+        """``line`` into the file and onto the console's stdout directly: not through the pipes, whose two pump
+        threads do not keep the order between stdout and stderr."""
+        data = line.encode()
+        self.write_file(data)
+        try:
+            os.write(self._saved.get(1, 1), data)
+        except OSError:
+            pass
 
     def close(self, exit_code: Optional[int] = None) -> None:
         global _ACTIVE
         if _ACTIVE is not self:
             return
-        if exit_code is not None:
-            print(f"dapo: exit code {exit_code} | log {self.path}", flush=True)
         sys.stdout.flush()
         sys.stderr.flush()
         for fd, saved in self._saved.items():
             os.dup2(saved, fd)  # closes the pipe's last write end held by fd: the pump reads EOF
         for t in self._threads:
             t.join(timeout=10)
+        if exit_code is not None:  # after everything the pipes held
+            self._both(f"dapo: exit code {exit_code} | log {self.path}\n")
         for saved in self._saved.values():
             os.close(saved)
         if self.console_stderr is not None:

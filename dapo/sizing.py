@@ -140,17 +140,20 @@ def loop_memory(preset, dataset_rows: Optional[int] = None, A: SizingAssumptions
     return out
 
 
-def worker_reserved(preset, shm_bytes: float, A: SizingAssumptions = SizingAssumptions()) -> dict[str, float]:
-    """Bytes of the worker pod the loop cannot use (module doc)."""
+def worker_reserved(preset, shm_bytes: float, A: SizingAssumptions = SizingAssumptions(), *,
+                    nodes: Optional[int] = None, gpus_per_node: Optional[int] = None) -> dict[str, float]:
+    """Bytes of the worker pod the loop cannot use (module doc); ``nodes`` / ``gpus_per_node`` default to the
+    preset's placement."""
     p = preset.placement
     out = {"shm": float(shm_bytes), "worker_processes": 0.0, "fsdp_offload": 0.0, "hf_model_gather": 0.0}
     if p.backend != "local":
         N = model_params(preset)
-        world = p.nodes * p.gpus_per_node
+        gpn = gpus_per_node or p.gpus_per_node
+        world = (nodes or p.nodes) * gpn
         shards = p.parallel.fsdp_size if p.parallel.fsdp_size > 0 else world
-        out["worker_processes"] = p.gpus_per_node * A.worker_process_gib * GIB
-        out["fsdp_offload"] = p.gpus_per_node * ((4.0 * N / shards if p.parallel.param_offload else 0.0)
-                                                 + (8.0 * N / shards if p.parallel.optimizer_offload else 0.0))
+        out["worker_processes"] = gpn * A.worker_process_gib * GIB
+        out["fsdp_offload"] = gpn * ((4.0 * N / shards if p.parallel.param_offload else 0.0)
+                                     + (8.0 * N / shards if p.parallel.optimizer_offload else 0.0))
         out["hf_model_gather"] = 4.0 * N
     out["total"] = sum(out.values())
     return out

@@ -130,3 +130,93 @@ def test_verl_run_dir_resolves_the_trainer_references():
 
     args = build_parser().parse_args(["--preset", "full"])
     assert run_dir_of(load_preset("full"), args) == Path("/shared/checkpoints/DAPO-verl/DAPO-Qwen2.5-32B")
+
+
+LOOP_UNDER_A_TTY = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    from dapo.config import load_preset
+    from dapo.loop import DAPOLoop
+    from dapo.runlog import AttemptLog
+    from loop_support import ScriptedBackend, make_rows
+
+    preset = load_preset("tiny", ["recipe.data.train_batch_size=2", "recipe.data.gen_batch_size=4",
+                                  "recipe.rollout.n=2", "recipe.actor.ppo_mini_batch_size=1",
+                                  "recipe.trainer.logger=[console]", "recipe.trainer.total_training_steps=2",
+                                  "recipe.trainer.save_freq=0", "recipe.trainer.test_freq=0",
+                                  "recipe.trainer.val_before_train=false",
+                                  "recipe.filter_groups.max_num_gen_batches=0"])
+    with AttemptLog(sys.argv[1]) as log:
+        loop = DAPOLoop(preset, ScriptedBackend(seed=0), make_rows([0.5] * 40), [], sys.argv[1] + "/run",
+                        progress=True)
+        log.close(loop.fit())
+""")
+
+
+def test_progress_bar_stays_on_the_console_and_each_line_is_logged_once(tmp_path):
+    """On an interactive console the loop draws its bar there, never into the attempt log, and its step lines reach
+    the log exactly once."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal 120 columns wide
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", LOOP_UNDER_A_TTY, str(tmp_path), str(ROOT / "tests")],
+                            stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    console = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        console += chunk
+    assert proc.wait(timeout=120) == 0, console.decode(errors="replace")[-3000:]
+    text = (tmp_path / "attempt-1.log").read_text()
+    for step in (1, 2):
+        assert sum(line.startswith(f"step {step}/2 ") for line in text.splitlines()) == 1, text
+    assert "\r" not in text and "DAPO:" not in text  # no progress bar in the file
+    assert b"DAPO:" in console  # the bar is on the console
+
+
+# a tiny run whose dynamic sampler never fills a batch (a 1-step warm start answers nothing right) with
+# max_num_gen_batches unlimited: it stays in step 1 until it is stopped
+STUCK = ["local.model.hidden_size=64", "local.model.num_hidden_layers=1", "local.model.num_attention_heads=2",
+         "local.model.num_key_value_heads=2", "local.model.intermediate_size=128", "local.task.n_train=400",
+         "local.task.n_val=8", "local.warm_start.steps=1", "recipe.data.train_batch_size=4",
+         "recipe.data.gen_batch_size=6", "recipe.rollout.n=4", "recipe.actor.ppo_mini_batch_size=2",
+         "local.micro_batch_size=8", "recipe.filter_groups.max_num_gen_batches=0", "recipe.trainer.logger=[console]",
+         "recipe.trainer.val_before_train=false", "placement.device=cpu"]
+
+
+def test_sigterm_stops_the_loop_like_ctrl_c_and_the_log_gets_its_last_lines(tmp_path):
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "dapo.train", "--preset", "tiny", "--run-dir", str(run_dir),
+                             "--no-progress", *STUCK], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    log = run_dir / "logs" / "attempt-1.log"
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if log.is_file() and "after 10 generation batches" in log.read_text():
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    text = log.read_text()
+    assert "interrupted during step 1; newest checkpoint: none" in text
+    assert text.splitlines()[-1] == f"dapo: exit code 130 | log {log}"
