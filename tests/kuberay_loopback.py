@@ -8,7 +8,8 @@ A "pod" here is the process tree of one `ray start --block`; losing a pod is SIG
 other process of the tree (driver included), since on Kubernetes they all die with the pod. What the loopback cannot
 keep from the manifest, and replaces: listening ports (free ports instead of 6379/8265/10001/8080/52365), the
 dashboard host (127.0.0.1 instead of 0.0.0.0), one private temp dir per pod, and faster GCS health checks (so a lost
-node is declared dead in seconds, not ~30 s).
+node is declared dead in seconds, not ~30 s). The env vars KubeRay adds to Ray containers (RAY_IP, RAY_ADDRESS,
+RAY_CLUSTER_NAME, ...) are left out: the pod's own env from the manifest is passed.
 """
 
 from __future__ import annotations
