@@ -52,7 +52,7 @@ pytestmark = pytest.mark.slow
 # a short warm start, STEPS steps with a checkpoint after each -- more than values/tiny.yaml keeps, so old ones are
 # deleted, and steps are left after the first one. The 30-step warm start solves nothing yet, so every group is
 # all-wrong and dynamic sampling (tested with a scripted backend in test_loop.py) would never fill a batch.
-STEPS = 4
+STEPS = 6
 SHORT = [
     "local.model.hidden_size=64",
     "local.model.num_hidden_layers=1",
@@ -234,14 +234,19 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         lost_node, lost_resources = cluster.nodes()[node], _expected_resources(lost)
         assert _logical(lost_node) == lost_resources
         deadline = time.monotonic() + 300
-        while not complete_steps(ckpts):
-            assert client.get_job_status(first_id).value == "RUNNING", client.get_job_info(first_id).message
-            assert time.monotonic() < deadline, "no checkpoint after 300 s"
-            time.sleep(0.1)
-        drivers = _drivers(presets_dir)
-        assert drivers and drivers <= {p.pid for p in lost.tree()}, "the job driver is not a process of its node"
+        while not (drivers := _drivers(presets_dir)):
+            assert time.monotonic() < deadline, "no driver process after 300 s"
+            time.sleep(0.2)
+        assert drivers <= {p.pid for p in lost.tree()}, "the job driver is not a process of its node"
+        polls = 0
+        while not complete_steps(ckpts):  # poll fast: the kill must come while steps are left
+            if polls % 20 == 0:
+                assert client.get_job_status(first_id).value == "RUNNING", client.get_job_info(first_id).message
+                assert time.monotonic() < deadline, "no checkpoint after 300 s"
+            polls += 1
+            time.sleep(0.05)
         killed = lost.lose()
-        assert not _drivers(presets_dir), "a job driver outlived the loss of its pod"
+        assert drivers <= set(killed) and not _drivers(presets_dir), "a job driver outlived the loss of its pod"
         at_kill = complete_steps(ckpts)
         phase(f"lost {lost.name} (node {node[:8]}, {len(killed)} processes) with checkpoints {at_kill}")
         assert at_kill and at_kill[-1] < steps, f"the run was not mid-way when its node was lost: {at_kill}"
