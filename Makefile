@@ -48,7 +48,7 @@ test-fast: setup
 	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 render: setup
-	$(VENV)/bin/dapo plan --requirements-file charts/dapo/files/requirements.yaml
+	$(VENV)/bin/python -m dapo.plan --requirements-file charts/dapo/files/requirements.yaml
 	$(VENV)/bin/python scripts/render.py --all --out k8s/rendered
 
 bench: setup
