@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import pydantic
-import pydantic_core
 import yaml
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
@@ -407,10 +405,13 @@ def _set_strict(schema: Any, strict: bool) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _validator(cls: type) -> pydantic_core.SchemaValidator:
+def _validator(cls: type) -> Any:
     """A strict pydantic validator for the dataclass ``cls``: no string -> number, number -> bool or number -> string
     conversion, ints accepted as floats. (The config sits on a ``list[cls]`` wrapper: pydantic takes a plain
     dataclass's config from the type that holds it.)"""
+    import pydantic  # on first use: building the schema costs ~0.2 s once per process, importing it ~0.05 s
+    import pydantic_core
+
     adapter = pydantic.TypeAdapter(list[cls], config=pydantic.ConfigDict(strict=True, extra="forbid"))
     schema = copy.deepcopy(adapter.core_schema)
     _set_strict(schema, False)
@@ -491,6 +492,8 @@ def from_dict(cls: type, data: dict[str, Any], *, source: str = "", path: str = 
     several keys are wrong, one line each (unknown keys first)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source or 'config'}: expected a mapping at the top level, got {type(data).__name__}")
+    import pydantic_core
+
     try:
         return _validator(cls).validate_python([_stringify_env(data, cls)])[0]
     except pydantic_core.ValidationError as exc:
