@@ -3,7 +3,8 @@
 The rule: the DAPO core (``dapo.loss``, ``dapo.advantage``, ``dapo.reward``, ``dapo.sampler``) imports nothing of the
 project outside the core; the loop sits on the core, the backends on the loop's interface, the CLIs on top; and no
 two modules import each other, directly or through others. Function-level (lazy) imports count: an import inside a
-function is still a dependency, and a circle of lazy imports is a circle (it only fails later, at call time).
+function is still a dependency, and a circle of lazy imports is a circle (it never fails at import time, yet the
+modules in it can no longer be read, tested or moved apart one at a time).
 
 Import-time imports (outside functions) form no circle at all. With function-level imports included, the only
 circles left close through the edges in ``PENDING_SPLIT``: a module that is both a library and a CLI, whose CLI part
@@ -165,3 +166,10 @@ def test_the_warm_start_imports_no_backend_and_the_planner_no_data_preparation()
     assert not tiny_to_backends
     assert "dapo.data" not in graph["dapo.plan"]
     assert {"dapo.lm_forward"} <= graph["dapo.tiny.warmstart"] and "dapo.parquet" in graph["dapo.plan"]
+
+
+def test_the_loop_sees_backends_only_through_their_interface_and_nothing_imports_the_cli():
+    graph = _graph(lazy=True)
+    assert {t for t in graph["dapo.loop"] if t.startswith("dapo.backends")} == {"dapo.backends.base"}
+    assert graph["dapo.backends.base"] <= CORE
+    assert [m for m in graph if "dapo.cli" in graph[m]] == []
