@@ -25,7 +25,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Sequence, Union
 
 import yaml
 
@@ -486,20 +486,25 @@ def _stringify_env(data: dict[str, Any], cls: type) -> dict[str, Any]:
     return {**data, "env": env}
 
 
-def from_dict(cls: type, data: dict[str, Any], *, source: str = "", path: str = "") -> Any:
+def from_dict(cls: type, data: dict[str, Any], *, source: str | Callable[[tuple], str] = "", path: str = "") -> Any:
     """Build dataclass ``cls`` from a plain mapping, rejecting unknown keys and wrong types (validated by pydantic in
-    strict mode). The :class:`ConfigError` names the dotted key path, the file, and the closest known key; when
-    several keys are wrong, one line each (unknown keys first)."""
+    strict mode). The :class:`ConfigError` names the dotted key path, the file (``source``, or ``source(loc)``: where
+    the key at that location was written), and the closest known key; when several keys are wrong, one line each
+    (unknown keys first)."""
+    origin = source if callable(source) else (lambda loc: source)
     if not isinstance(data, dict):
-        raise ConfigError(f"{source or 'config'}: expected a mapping at the top level, got {type(data).__name__}")
+        raise ConfigError(f"{origin(()) or 'config'}: expected a mapping at the top level, got {type(data).__name__}")
     import pydantic_core
 
     try:
         return _validator(cls).validate_python([_stringify_env(data, cls)])[0]
     except pydantic_core.ValidationError as exc:
-        where = f" in {source}" if source else ""
         errors = sorted(exc.errors(), key=lambda e: e["type"] not in ("unexpected_keyword_argument", "extra_forbidden"))
-        raise ConfigError("\n".join(_error_message(cls, e, path, where) for e in errors)) from None
+        lines = []
+        for e in errors:
+            where = origin(tuple(e["loc"][1:]))
+            lines.append(_error_message(cls, e, path, f" in {where}" if where else ""))
+        raise ConfigError("\n".join(lines)) from None
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -560,7 +565,9 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml") if not p.stem.startswith("_"))
 
 
-def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def _load_raw(path: Path, seen: tuple[Path, ...] = (), docs: Optional[list] = None) -> dict[str, Any]:
+    """The merged mapping of ``path`` and what it ``extends``; ``docs`` (when given) receives ``(file, mapping)`` of
+    each file, the preset first."""
     if path in seen:
         raise ConfigError(f"{path}: circular 'extends' chain {' -> '.join(str(s) for s in seen + (path,))}")
     try:
@@ -570,6 +577,8 @@ def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     parent = data.pop("extends", None)
+    if docs is not None:
+        docs.append((path, copy.deepcopy(data)))
     if parent is None:
         return data
     if not isinstance(parent, str):
@@ -578,7 +587,7 @@ def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not parent_path.exists():
         raise ConfigError(f"{path}: 'extends: {parent}' names no file {parent_path}")
     # the shared base must itself be a valid (strict) preset fragment
-    return deep_merge(_load_raw(parent_path, seen + (path,)), data)
+    return deep_merge(_load_raw(parent_path, seen + (path,), docs), data)
 
 
 def load_raw_preset(name: str) -> dict[str, Any]:
@@ -592,12 +601,37 @@ def load_raw_preset(name: str) -> dict[str, Any]:
 def load_preset(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Preset:
     """Load, merge, override and validate a preset. Raises :class:`ConfigError` naming the offending key."""
     path = preset_path(name)
-    raw = load_raw_preset(name)
+    docs: list[tuple[Path, dict[str, Any]]] = []
+    raw = _load_raw(path, docs=docs)
+    raw.setdefault("name", path.stem)
     raw = apply_overrides(raw, overrides)
-    source = str(path) + (" + overrides" if overrides else "")
-    preset = from_dict(Preset, raw, source=source)
+    preset = from_dict(Preset, raw, source=lambda loc: _origin(loc, path, docs, overrides))
     validate(preset)
     return preset
+
+
+def _origin(loc: tuple, path: Path, docs: list[tuple[Path, dict[str, Any]]], overrides: Sequence[str]) -> str:
+    """Where the key at ``loc`` was written: the last override that sets it (or a mapping above it), else the first
+    file of the ``extends`` chain that holds it (the preset first), else the preset."""
+    keys = []
+    for part in loc:
+        if not isinstance(part, str):
+            break
+        keys.append(part)
+    for text in reversed(overrides):
+        parts = text.split("=", 1)[0].strip().split(".")
+        n = min(len(parts), len(keys))
+        if parts[:n] == keys[:n]:
+            return f"{path} + override {text!r}"
+    for file, doc in docs:
+        node: Any = doc
+        for key in keys:
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            return str(file) if file == path else f"{file} (extended by {path.name})"
+    return str(path)
 
 
 def validate(preset: Preset) -> None:

@@ -62,8 +62,21 @@ def test_every_wrong_key_is_named_on_its_own_line_with_its_index():
     assert lines[0].startswith("unknown key 'recipe.data.shufle'") and "did you mean 'shuffle'" in lines[0]
     assert any(line.startswith("'recipe.actor.optim.betas[1]'") and "expected a number, got True" in line
                for line in lines)
-    assert any(line.startswith("'placement.nodes'") and "full.yaml + overrides: expected an integer" in line
-               for line in lines)
+    assert any(line.startswith("'placement.nodes'") and "full.yaml + override 'placement.nodes=x': expected an "
+               "integer" in line for line in lines)
+
+
+def test_an_error_names_the_file_of_the_extends_chain_that_holds_the_key(tmp_path):
+    from dapo.config import PRESET_DIR
+
+    (tmp_path / "_base.yaml").write_text((PRESET_DIR / "_dapo_qwen32b.yaml").read_text().replace(
+        "      lr: 1.0e-6", "      lr: 1.0e-6\n      lrr: 1"))
+    assert "lrr: 1" in (tmp_path / "_base.yaml").read_text()
+    (tmp_path / "mine.yaml").write_text((PRESET_DIR / "full.yaml").read_text().replace(
+        "extends: _dapo_qwen32b", "extends: _base"))
+    with pytest.raises(ConfigError, match=r"unknown key 'recipe\.actor\.optim\.lrr' in \S*_base\.yaml "
+                                          r"\(extended by mine\.yaml\) \(did you mean 'lr'\?\)"):
+        load_preset(str(tmp_path / "mine.yaml"))
 
 
 def test_numbers_are_not_read_from_strings_or_booleans():
