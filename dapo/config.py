@@ -9,7 +9,7 @@ Strictness: every mapping is checked against the dataclass it fills -- by pydant
 staying plain ``dataclasses`` -- and an unknown key is a :class:`ConfigError` that names the full dotted path and the
 file it came from, with a close-match suggestion. Types are checked too (``int`` where an ``int`` is expected, no
 silent string -> number conversion; ``--set`` overrides are parsed as YAML scalars, and YAML 1.2 floats such as
-``1e-6`` are numbers). ``extends:``, the deep merge and the overrides stay here: they are a dozen lines on plain
+``1e-6`` are numbers). ``extends:``, the deep merge and the overrides stay here: a few dozen lines on plain
 mappings (OmegaConf would also do them, but it cannot hold ``Literal`` fields and would resolve the ``${...}``
 placeholders that are meant for verl).
 """
