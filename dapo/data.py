@@ -50,6 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dapo.fsutil import atomic_write, atomic_write_text, temp_beside
+from dapo.parquet import DataError, parquet_rows  # noqa: F401 (both also imported from here)
 
 # --------------------------------------------------------------------------------------------------------------------
 # Where the data lives
@@ -76,10 +77,6 @@ REQUIRED_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_i
 CHAT_ROLES = ("system", "user", "assistant")
 # pandas writes its index as an extra column; it carries no meaning for training
 PANDAS_INDEX = "__index_level_0__"
-
-
-class DataError(ValueError):
-    """Bad data or a failed fetch; the message names the file and, where it applies, the row and column."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -439,14 +436,6 @@ def read_table(path: str | os.PathLike) -> pa.Table:
         return pq.read_table(p)
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"{p}: not a readable parquet file ({exc})") from exc
-
-
-def parquet_rows(path: str | os.PathLike) -> int:
-    """Row count from the parquet footer (no data read)."""
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
 
 
 def _batches(path: str | os.PathLike, batch_rows: int) -> Iterable[pa.Table]:

@@ -1017,7 +1017,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         preset = load_preset(args.preset, args.set)
         rows = args.dataset_rows
         if rows is None and preset.recipe.data.train_files and Path(preset.recipe.data.train_files[0]).is_file():
-            from dapo.data import parquet_rows
+            from dapo.parquet import parquet_rows
 
             rows = parquet_rows(preset.recipe.data.train_files[0])
         if rows is None and preset.recipe.data.train_files:

@@ -53,3 +53,48 @@ def test_extends_merges_base_and_child():
     assert early.recipe.actor.loss_agg_mode == "seq-mean-token-mean"
     assert full.recipe.actor.loss_agg_mode == "token-mean"
     assert early.recipe.data.max_response_length == full.recipe.data.max_response_length == 20480
+
+
+def test_every_wrong_key_is_named_on_its_own_line_with_its_index():
+    with pytest.raises(ConfigError) as info:
+        load_preset("full", ["recipe.data.shufle=true", "recipe.actor.optim.betas=[0.9, true]", "placement.nodes=x"])
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith("unknown key 'recipe.data.shufle'") and "did you mean 'shuffle'" in lines[0]
+    assert any(line.startswith("'recipe.actor.optim.betas[1]'") and "expected a number, got True" in line
+               for line in lines)
+    assert any(line.startswith("'placement.nodes'") and "full.yaml + override 'placement.nodes=x': expected an "
+               "integer" in line for line in lines)
+
+
+def test_an_error_names_the_file_of_the_extends_chain_that_holds_the_key(tmp_path):
+    from dapo.config import PRESET_DIR
+
+    (tmp_path / "_base.yaml").write_text((PRESET_DIR / "_dapo_qwen32b.yaml").read_text().replace(
+        "      lr: 1.0e-6", "      lr: 1.0e-6\n      lrr: 1"))
+    assert "lrr: 1" in (tmp_path / "_base.yaml").read_text()
+    (tmp_path / "mine.yaml").write_text((PRESET_DIR / "full.yaml").read_text().replace(
+        "extends: _dapo_qwen32b", "extends: _base"))
+    with pytest.raises(ConfigError, match=r"unknown key 'recipe\.actor\.optim\.lrr' in \S*_base\.yaml "
+                                          r"\(extended by mine\.yaml\) \(did you mean 'lr'\?\)"):
+        load_preset(str(tmp_path / "mine.yaml"))
+
+
+def test_numbers_are_not_read_from_strings_or_booleans():
+    for override, expected in [("recipe.data.shuffle=1", "true/false"), ("recipe.actor.optim.lr='1e-5'", "a number"),
+                               ("recipe.actor.optim.lr=true", "a number"), ("recipe.trainer.save_freq=5.0", "integer"),
+                               ("recipe.data.truncation=middle", "not one of \\['left', 'right', 'error'\\]")]:
+        with pytest.raises(ConfigError, match=expected):
+            load_preset("full", [override])
+
+
+def test_yaml_12_floats_in_files_and_unquoted_env_values(tmp_path):
+    from dapo.config import PRESET_DIR
+
+    text = (PRESET_DIR / "tiny.yaml").read_text()
+    assert "lr: 1.0e-4" in text
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(text.replace("lr: 1.0e-4", "lr: 1e-4"))  # YAML 1.1 would read the string '1e-4'
+    assert load_preset(str(mine)).recipe.actor.optim.lr == 1e-4
+    p = load_preset("tiny", ["recipe.actor.optim.lr=3e-5", "placement.env.A=1", "placement.env.B=true"])
+    assert p.recipe.actor.optim.lr == 3e-5
+    assert p.placement.env == {**load_preset("tiny").placement.env, "A": "1", "B": "true"}

@@ -35,7 +35,7 @@ def sft(
 ) -> dict:
     """Train ``model`` in place; returns {"loss": final smoothed loss, "seconds": wall, "steps": steps}.
 
-    The prompt template shared by every row is computed once per batch (:func:`dapo.backends.local.prompt_forward`).
+    The prompt template shared by every row is computed once per batch (:func:`dapo.lm_forward.prompt_forward`).
     """
     from dapo.tiny.task import dapo_prompt, sft_response
 
@@ -63,7 +63,7 @@ def sft(
         progress = (step - warm) / max(1, steps - warm)
         return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
-    from dapo.backends.local import _left_pad, prompt_forward
+    from dapo.lm_forward import left_pad, prompt_forward
 
     model.train()
     t0 = time.time()
@@ -73,7 +73,7 @@ def sft(
         idx = rng.integers(0, len(problems), size=batch_size)
         prompts = [torch.tensor(prompt_ids(int(i))) for i in idx]
         resps = [encode_response(tokenizer, sft_response(problems[int(i)], rng, mistake_rate)) for i in idx]
-        p_ids, p_mask = _left_pad(prompts, pad)
+        p_ids, p_mask = left_pad(prompts, pad)
         width = max(len(r) for r in resps)
         r_ids = torch.full((batch_size, width), pad, dtype=torch.long)
         r_mask = torch.zeros((batch_size, width), dtype=torch.bool)
