@@ -253,17 +253,14 @@ PRESETS = ("full", "early")
 
 
 def _norm(v: Any) -> Any:
+    """A value compared as the reference translation compares it (numbers as floats, sequences as lists)."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    from dapo.reference import _norm as norm_value
 
     if isinstance(v, (DictConfig, ListConfig)):
         v = OmegaConf.to_container(v, resolve=True)
-    if isinstance(v, bool) or v is None or isinstance(v, str):
-        return v
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, (list, tuple)):
-        return [_norm(x) for x in v]
-    return v
+    return norm_value(v)
 
 
 def _same(ref: Any, ours: Any, key: str) -> bool:
