@@ -9,6 +9,8 @@
         + soft overlong       soft overlong punishment (eq. 13) instead of filtering, as the DAPO recipe does
         + token-level loss    token-mean (eq. 12)
         + dynamic sampling    filter groups (eq. 11) = DAPO (the tiny preset)
+        DAPO + carry          off-paper: surplus kept groups carried into the next step, generation batch adapted
+                              to the kept-group ratio (filter_groups.mode: carry; dapo.sampler)
 
     Every rung trains on ``train_batch_size`` prompts per step; without dynamic sampling the generation batch is
     the training batch, with it generation batches of ``gen_batch_size`` are added until the batch is full. Prints,
@@ -62,6 +64,11 @@ LADDER: list[tuple[str, list[str]]] = [
         "recipe.actor.clip_ratio_high=0.28", "recipe.actor.loss_agg_mode=token-mean",
         "recipe.reward.overlong_buffer.enable=true", "recipe.reward.overlong_filter=false",
         "recipe.filter_groups.enable=true",
+    ]),
+    ("DAPO + carry", [
+        "recipe.actor.clip_ratio_high=0.28", "recipe.actor.loss_agg_mode=token-mean",
+        "recipe.reward.overlong_buffer.enable=true", "recipe.reward.overlong_filter=false",
+        "recipe.filter_groups.enable=true", "recipe.filter_groups.mode=carry",
     ]),
 ]  # fmt: skip
 

@@ -290,6 +290,8 @@ class DAPOLoop:
         metrics["train/num_gen_batches"] = sstats["num_gen_batches"]
         metrics["train/kept_group_ratio"] = sstats["kept_ratio"] if fg.enable else 1.0
         metrics["train/num_gen_samples"] = float(n_generated)
+        if fg.enable and fg.mode == "carry":
+            metrics["train/num_groups_carried_in"] = sstats["num_groups_carried_in"]
         metrics["train/gen_samples_total"] = float(self.gen_samples_total)
         metrics["train/gen_score/mean"] = float(all_gen["reward"].mean())
         metrics["train/gen_acc/mean"] = float(all_gen["acc"].mean())
@@ -332,13 +334,19 @@ class DAPOLoop:
         return {
             "step": self.step,
             "stream": self.stream.state_dict(),
-            "sampler": self.sampler.state_dict(),
+            "sampler": self.sampler.state_dict(compact=self._compact_carried),
             "health": self.health.state_dict(),
             "rng": ckpt.rng_state(),
             "next_gid": self.next_gid,
             "gen_samples_total": self.gen_samples_total,
             "val_history": list(self.val_history),
         }
+
+    def _compact_carried(self, batch: tuple[Rollout, dict], indices: np.ndarray) -> tuple[tuple, np.ndarray]:
+        """A carried generation batch reduced to its carried responses (what a checkpoint stores)."""
+        rollout, scored = batch
+        small = self.backend.select(rollout, indices)
+        return (small, {k: np.asarray(v)[indices] for k, v in scored.items()}), np.arange(len(indices))
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.step = int(s["step"])
