@@ -795,8 +795,9 @@ def render_text(plan: Plan) -> str:
         L.append(f"  dynamic sampling at keep rate {st['keep_rate']:.0%} (this preset: filter_groups.mode "
                  f"{plan.steps.get('sampler_mode', '?')}):")
         for mode, sm in plan.samplers.items():
-            L.append(f"    {mode:<9} {sm['gen_batches_per_step']:.2f} x {st['gen_batch_size']:,} prompts/step: generation "
-                     f"{_fmt_s(sm['generation_s'])}, step {_fmt_s(sm['step_s'])}, {_fmt_n(sm['gpu_hours'])} GPU-hours")
+            L.append(f"    {mode:<9} {sm['gen_batches_per_step']:.2f} x {st['gen_batch_size']:,} prompts/step: "
+                     f"generation {_fmt_s(sm['generation_s'])}, step {_fmt_s(sm['step_s'])}, "
+                     f"{_fmt_n(sm['gpu_hours'])} GPU-hours")
     L.append("")
     L.append("Steps")
     if st["dataset_rows"] is not None:

@@ -363,7 +363,9 @@ class DynamicSampler:
         return int(min(max(size, 1), self.max_gen_batch_size))
 
     # ---------------------------------------------------------------------------------------------------------------
-    def state_dict(self, compact: Optional[Callable[[Any, np.ndarray], tuple[Any, np.ndarray]]] = None) -> dict[str, Any]:
+    def state_dict(
+        self, compact: Optional[Callable[[Any, np.ndarray], tuple[Any, np.ndarray]]] = None
+    ) -> dict[str, Any]:
         """Resumable state, taken between steps (before the next step's first :meth:`add`).
 
         The carry buffer (carry mode: the groups carried into the next step, with their ages and the step's count of
