@@ -30,9 +30,10 @@ def grpo_kwargs(recipe: dict[str, Any], out_dir: str, steps: int, seed: int) -> 
 
     Mapping (DAPO recipe -> TRL):
 
-    - ``train_batch_size`` prompts x ``rollout.n`` per rollout step -> ``generation_batch_size`` = prompts x n,
-      ``num_generations`` = n; ``ppo_mini_batch_size`` prompts per optimizer step -> ``per_device_train_batch_size``
-      = mini x n, ``steps_per_generation`` = train / mini (so pi_old is recomputed once per generation, as ours);
+    - ``train_batch_size`` prompts x ``rollout.n`` per rollout step, ``ppo_mini_batch_size`` prompts per optimizer
+      step -> ``num_generations`` = n, ``per_device_train_batch_size`` = mini x n, ``steps_per_generation`` =
+      train / mini (TRL generates ``steps_per_generation`` x the per-device batch at once and, as the generation
+      spans several optimizer steps, recomputes pi_old once per generation, as ours);
     - ``clip_ratio_low/high`` -> ``epsilon`` / ``epsilon_high``; dual clip ``clip_ratio_c`` -> ``delta`` (TRL's
       two-sided clip caps the ratio at ``delta`` for every token; DAPO's dual clip bounds the loss of negative-advantage
       tokens at ``c * |A|`` -- the closest TRL has, not the same formula);
@@ -65,12 +66,11 @@ def grpo_kwargs(recipe: dict[str, Any], out_dir: str, steps: int, seed: int) -> 
         "gradient_accumulation_steps": 1,
         "steps_per_generation": per_gen,
         "num_generations": n,
-        "generation_batch_size": train * n,
         "num_iterations": int(actor.get("ppo_epochs", 1)),
         "max_completion_length": int(data["max_response_length"]),
         "temperature": float(ro["temperature"]),
         "top_p": float(ro["top_p"]),
-        "top_k": None if top_k is None or top_k <= 0 else int(top_k),
+        "top_k": 0 if top_k is None or top_k <= 0 else int(top_k),  # TRL: 0 = off
         "epsilon": float(actor["clip_ratio_low"]),
         "epsilon_high": float(actor["clip_ratio_high"]),
         "delta": float(actor["clip_ratio_c"]),
@@ -102,17 +102,16 @@ def grpo_kwargs(recipe: dict[str, Any], out_dir: str, steps: int, seed: int) -> 
 
 def make_reward_fn(recipe: dict[str, Any], tokenizer):
     """The DAPO reward (verifier + soft overlong punishment, :func:`dapo.reward.score_responses`) as a TRL reward
-    function; ``completion_ids`` give the generated token counts (EOS included, as ours)."""
+    function; ``completion_ids`` give the generated token counts (TRL keeps the EOS token in them: the same count as
+    ours)."""
     from dapo.reward import score_responses
 
     ob = recipe["reward"]["overlong_buffer"]
     max_len = int(recipe["data"]["max_response_length"])
-    eos = tokenizer.eos_token_id
 
     def dapo_reward(prompts, completions, completion_ids, ground_truth, **_):
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-        # TRL's completion_ids stop before EOS; ours count it (the response ends with it) unless truncated
-        lengths = [len(ids) + (1 if len(ids) < max_len else 0) for ids in completion_ids]
+        lengths = [len(ids) for ids in completion_ids]
         scored = score_responses(
             texts, list(ground_truth), lengths, max_response_length=max_len, overlong_buffer_len=int(ob["len"]),
             overlong_penalty_factor=float(ob["penalty_factor"]), overlong_enable=bool(ob["enable"]),
@@ -120,7 +119,6 @@ def make_reward_fn(recipe: dict[str, Any], tokenizer):
         return [float(x) for x in scored["reward"]]
 
     dapo_reward.__name__ = "dapo_reward"
-    _ = eos
     return dapo_reward
 
 
@@ -159,7 +157,7 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         res = gen_fn(*a, **k)
         timing["gen"] += time.perf_counter() - t0
-        ids = res[1] if isinstance(res, tuple) else res
+        ids = res[0]  # (completion_ids, logprobs)
         timing["gen_tokens"] += int(sum(len(x) for x in ids))
         return res
 

@@ -27,13 +27,13 @@ def test_trl_config_mirrors_the_tiny_preset():
     recipe = load_preset("tiny").to_dict()["recipe"]
     kw = grpo_kwargs(recipe, "out", steps=10, seed=3)
     # 16 prompts x 8 per rollout step, 2 mini-batches of 8 prompts -> 2 optimizer steps per generation
-    assert (kw["generation_batch_size"], kw["num_generations"], kw["per_device_train_batch_size"]) == (128, 8, 64)
+    assert (kw["num_generations"], kw["per_device_train_batch_size"]) == (8, 64)
     assert kw["steps_per_generation"] == 2 and kw["max_steps"] == 20 and kw["gradient_accumulation_steps"] == 1
     assert (kw["epsilon"], kw["epsilon_high"], kw["delta"]) == (0.2, 0.28, 10.0)
     assert kw["loss_type"] == "dapo" and kw["beta"] == 0.0 and kw["scale_rewards"] == "group"
     assert (kw["learning_rate"], kw["weight_decay"], kw["max_grad_norm"]) == (1e-4, 0.1, 1.0)
     assert kw["warmup_steps"] == 4  # 2 rollout steps of warm-up = 4 optimizer steps
-    assert (kw["max_completion_length"], kw["temperature"], kw["top_p"], kw["top_k"]) == (32, 1.0, 1.0, None)
+    assert (kw["max_completion_length"], kw["temperature"], kw["top_p"], kw["top_k"]) == (32, 1.0, 1.0, 0)
     naive = load_preset("tiny", ["recipe.actor.loss_agg_mode=seq-mean-token-mean"]).to_dict()["recipe"]
     assert grpo_kwargs(naive, "o", 1, 0)["loss_type"] == "grpo"
     bad = load_preset("tiny", ["recipe.actor.loss_agg_mode=seq-mean-token-sum"]).to_dict()["recipe"]
@@ -45,7 +45,7 @@ def test_trl_reward_is_the_dapo_reward_with_eos_counted():
     recipe = load_preset("tiny").to_dict()["recipe"]  # max_response_length 32, overlong buffer 6
     fn = make_reward_fn(recipe, tokenizer=type("T", (), {"eos_token_id": 2})())
     texts = ["1+2=3\nAnswer: 3", "Answer: 4", "Answer: 3", "Answer: 3"]
-    ids = [[5] * 10, [5] * 27, [5] * 30, [5] * 32]  # TRL's ids stop before EOS; the last one was truncated
+    ids = [[5] * 10 + [2], [5] * 27 + [2], [5] * 30 + [2], [5] * 32]  # TRL keeps EOS; the last one was truncated
     got = fn(prompts=[""] * 4, completions=texts, completion_ids=ids, ground_truth=["3"] * 4)
     want = score_responses(texts, ["3"] * 4, [11, 28, 31, 32], max_response_length=32, overlong_buffer_len=6,
                            overlong_penalty_factor=1.0, overlong_enable=True)["reward"]  # fmt: skip
