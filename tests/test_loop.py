@@ -174,3 +174,14 @@ def test_carried_groups_survive_a_resume_and_the_run_ends_as_an_uninterrupted_on
         for k, v in recs["a"][step].items():
             if not k.startswith("timing_s/") and k != "ts":
                 assert recs["b"][step][k] == v, (step, k)
+
+
+def test_a_step_filled_by_carried_groups_alone_trains_without_generating(tmp_path):
+    loop, be = _loop(tmp_path, ["recipe.filter_groups.enable=true", "recipe.filter_groups.mode=carry",
+                                "recipe.data.gen_batch_size=24", "recipe.trainer.total_training_steps=2"],
+                     p=[0.5] * 60)  # fmt: skip
+    assert loop.fit() == 0
+    recs = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "train/num_gen_samples" in r]
+    assert recs[1]["train/num_gen_samples"] == 0 and recs[1]["train/num_groups_carried_in"] >= 4
+    assert "train/gen_acc/mean" not in recs[1] and len(be.updates) == 2
+    assert recs[1]["train/gen_samples_total"] == recs[0]["train/num_gen_samples"]
