@@ -324,7 +324,8 @@ def cmd_sampler(argv: list[str]) -> int:
     return 0
 
 
-PEER_SYSTEMS = ("ours, dynamic sampling off", "TRL GRPOTrainer", "ours, dynamic sampling on (DAPO)")
+PEER_SYSTEMS = ("ours, dynamic sampling off", "TRL GRPOTrainer", "ours, dynamic sampling on (DAPO)",
+                "ours, DAPO + carry")
 
 
 def _ours_steps(run_dir: Path) -> list[dict[str, float]]:
@@ -471,7 +472,7 @@ def cmd_peers(argv: list[str]) -> int:
                 res_round = {"steps": steps, "curve": curve, "gen_tokens": gen_tok, "gen_seconds": gen_sec,
                              "trl_version": res["trl_version"], "wall_seconds": time.time() - t0}  # fmt: skip
             else:
-                extra = ds_off if name == PEER_SYSTEMS[0] else []
+                extra = {PEER_SYSTEMS[0]: ds_off, PEER_SYSTEMS[3]: ["recipe.filter_groups.mode=carry"]}.get(name, [])
                 summ = run_one(args.preset, common + extra + args.overrides, run_dir, assets_dir,
                                threads=args.threads)  # fmt: skip
                 c = summ["counters"]
