@@ -432,7 +432,8 @@ def cmd_peers(argv: list[str]) -> int:
     common = ["recipe.trainer.logger=[console]", "recipe.trainer.save_freq=0", "recipe.trainer.resume_mode=disable",
               f"recipe.trainer.total_training_steps={args.steps}", f"recipe.trainer.test_freq={args.test_freq}"]
     ds_off = ["recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=null"]
-    preset = load_preset(args.preset, common + ds_off + args.overrides)
+    # the systems' own settings come last: they define the system whatever the shared overrides say
+    preset = load_preset(args.preset, common + args.overrides + ds_off)
     assets_dir = out / "assets"
     from dapo.backends.local import _read_rows
     from dapo.tiny.assets import prepare
@@ -473,7 +474,7 @@ def cmd_peers(argv: list[str]) -> int:
                              "trl_version": res["trl_version"], "wall_seconds": time.time() - t0}  # fmt: skip
             else:
                 extra = {PEER_SYSTEMS[0]: ds_off, PEER_SYSTEMS[3]: ["recipe.filter_groups.mode=carry"]}.get(name, [])
-                summ = run_one(args.preset, common + extra + args.overrides, run_dir, assets_dir,
+                summ = run_one(args.preset, common + args.overrides + extra, run_dir, assets_dir,
                                threads=args.threads)  # fmt: skip
                 c = summ["counters"]
                 res_round = {"steps": _ours_steps(run_dir), "curve": summ["curve"], "gen_tokens": c["gen_tokens"],
