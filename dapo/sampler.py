@@ -30,7 +30,8 @@ Modes:
 - ``"carry"`` (off-paper): the surplus is carried into the next step (used first there, then dropped if still unused
   after ``carry_max_age`` steps), and :meth:`suggested_gen_batch_size` adapts the over-sampling to the observed keep
   rate (an exponential moving average). Carried responses were sampled by the previous policy: their importance
-  ratio is still correct because pi_old is recomputed for the whole batch, but they are one step off-policy.
+  ratio is still correct because pi_old is recomputed for the whole batch, but they are one step off-policy. The
+  carry buffer is part of :meth:`DynamicSampler.state_dict`, so it survives a checkpoint and resume.
 """
 
 from __future__ import annotations
