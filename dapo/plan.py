@@ -9,7 +9,11 @@ Step semantics (the #1 source of confusion when reproducing DAPO)
 * a **generation round** samples ``gen_batch_size`` prompts x ``n`` responses;
 * a **rollout step** trains on ``train_batch_size`` prompt groups. With dynamic sampling (``filter_groups``) it takes
   ``ceil(train_batch_size / (gen_batch_size * keep_rate))`` rounds, ``keep_rate`` = fraction of groups whose
-  responses are not all right or all wrong; without it, one round;
+  responses are not all right or all wrong; without it, one round. With the carry sampler
+  (``filter_groups.mode: carry``) surplus kept groups are trained on in the next step and the generation batch follows
+  the observed keep rate, so in steady state ``train_batch_size / keep_rate`` prompts are generated per step
+  (:func:`carry_prompts_per_step`; checked against a simulation of :class:`dapo.sampler.DynamicSampler` in
+  tests/test_plan.py, measured with ``dapo bench sampler``);
 * a **gradient step** is one optimizer update on ``ppo_mini_batch_size`` prompt groups:
   ``gradient steps = rollout steps * train_batch_size / ppo_mini_batch_size * ppo_epochs`` (16 for the DAPO recipe).
   The paper's training-step axis counts gradient steps (verl issues #795, #1643).
@@ -317,6 +321,17 @@ def step_semantics(preset: Preset, dataset_rows: Optional[int], keep_rate: float
                          grads, epochs)
 
 
+def carry_prompts_per_step(train_batch_size: int, keep_rate: float) -> float:
+    """Prompts generated per rollout step by the carry sampler in steady state: ``train_batch_size / keep_rate``.
+
+    Every kept group is trained on (surplus groups in the next step), so the expected number of generation batches
+    per step is ``train_batch_size / (keep_rate * g)`` for an adapted batch of ``g`` prompts, against
+    ``ceil(train_batch_size / (keep_rate * gen_batch_size))`` whole batches of the reference sampler, whose surplus is
+    discarded.
+    """
+    return train_batch_size / keep_rate
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The plan
 # --------------------------------------------------------------------------------------------------------------------
@@ -351,6 +366,8 @@ class Plan:
     checks: list[Check] = field(default_factory=list)
     # where the loop runs and the volume (dapo.sizing): filled by the CLI, which knows the chart values
     runtime: dict[str, Any] = field(default_factory=dict)
+    # the step with the reference sampler and with the carry sampler: {"reference": {...}, "carry": {...}}
+    samplers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def errors(self) -> list[Check]:
@@ -558,6 +575,8 @@ def make_plan(preset: Preset | str, gpu: Optional[str] = None, nodes: Optional[i
             f"{r.filter_groups.max_num_gen_batches}: the sampler would raise")
     n = r.rollout.n
     gen_prompts = sem.gen_rounds_per_step * gen_bs
+    if r.filter_groups.enable and r.filter_groups.mode == "carry":
+        gen_prompts = carry_prompts_per_step(sem.prompts_trained_per_step, A.keep_rate)
     gen_seqs = gen_prompts * n
     train_seqs = sem.prompts_trained_per_step * n
     e_sq = (P + R) ** 2 + (A.length_cv * R) ** 2
@@ -621,11 +640,24 @@ def make_plan(preset: Preset | str, gpu: Optional[str] = None, nodes: Optional[i
         "total_gradient_steps": None if total is None else total * sem.gradient_steps_per_rollout_step,
         "total_source": source,
         "paper_rollout_steps": PAPER_ROLLOUT_STEPS,
+        "sampler_mode": r.filter_groups.mode,
     }
     hours = None if total is None else (total * wall + (val if r.trainer.val_before_train else 0.0)) / 3600
     totals = {"hours": hours, "days": None if hours is None else hours / 24,
               "gpu_hours": None if hours is None else hours * world,
               "gpu_hours_per_rollout_step": wall * world / 3600}
+    samplers: dict[str, dict[str, Any]] = {}
+    for mode in ("reference", "carry"):
+        m_prompts = sem.gen_rounds_per_step * gen_bs
+        if mode == "carry" and r.filter_groups.enable:
+            m_prompts = carry_prompts_per_step(sem.prompts_trained_per_step, A.keep_rate)
+        m_gen = _gen_time(arch, G, tp, engines, m_prompts * n, P, R, tail, kv_tokens_per_engine, A)["seconds"]
+        m_step = m_gen + old_lp + ref + update + A.step_overhead_s
+        m_wall = m_step + val_amort + ckpt_amort
+        m_hours = None if total is None else (total * m_wall + (val if r.trainer.val_before_train else 0.0)) / 3600
+        samplers[mode] = {"prompts_generated": m_prompts, "responses_generated": m_prompts * n,
+                          "gen_batches_per_step": m_prompts / gen_bs, "generation_s": m_gen, "step_s": m_step,
+                          "wall_per_step_s": m_wall, "gpu_hours": None if m_hours is None else m_hours * world}
     if total is not None and r.trainer.total_training_steps is None and total_rollout_steps is None \
             and total > 2 * PAPER_ROLLOUT_STEPS:
         warn("recipe.trainer.total_training_steps",
@@ -639,7 +671,8 @@ def make_plan(preset: Preset | str, gpu: Optional[str] = None, nodes: Optional[i
 
     return Plan(preset=preset.name, model=arch.name, gpu=gpu_key, gpu_name=G.name, nodes=nodes, gpus_per_node=gpn,
                 world=world, params=N, memory_gib=memory, tokens=tokens, time_s=time_s, steps=steps, totals=totals,
-                assumptions=A.describe() | {"mean_response_len": R, "tail_response_len": tail}, checks=checks)
+                assumptions=A.describe() | {"mean_response_len": R, "tail_response_len": tail}, checks=checks,
+                samplers=samplers)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -760,6 +793,13 @@ def render_text(plan: Plan) -> str:
     L.append(f"  fixed          {_fmt_s(tm['overhead']):>10}")
     L.append(f"  = step         {_fmt_s(tm['step']):>10};  wall-clock incl. validation/test_freq and "
              f"checkpoint/save_freq: {_fmt_s(tm['wall_per_step'])}")
+    if st["dynamic_sampling"] and plan.samplers:
+        L.append(f"  dynamic sampling at keep rate {st['keep_rate']:.0%} (this preset: filter_groups.mode "
+                 f"{plan.steps.get('sampler_mode', '?')}):")
+        for mode, sm in plan.samplers.items():
+            L.append(f"    {mode:<9} {sm['gen_batches_per_step']:.2f} x {st['gen_batch_size']:,} prompts/step: "
+                     f"generation {_fmt_s(sm['generation_s'])}, step {_fmt_s(sm['step_s'])}, "
+                     f"{_fmt_n(sm['gpu_hours'])} GPU-hours")
     L.append("")
     L.append("Steps")
     if st["dataset_rows"] is not None:

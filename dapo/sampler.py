@@ -37,7 +37,8 @@ Modes:
 - ``"carry"`` (off-paper): the surplus is carried into the next step (used first there, then dropped if still unused
   after ``carry_max_age`` steps), and :meth:`suggested_gen_batch_size` adapts the over-sampling to the observed keep
   rate (an exponential moving average). Carried responses were sampled by the previous policy: their importance
-  ratio is still correct because pi_old is recomputed for the whole batch, but they are one step off-policy.
+  ratio is still correct because pi_old is recomputed for the whole batch, but they are one step off-policy. The
+  carry buffer is part of :meth:`DynamicSampler.state_dict`, so it survives a checkpoint and resume.
 """
 
 from __future__ import annotations
@@ -394,9 +395,44 @@ class DynamicSampler:
         return int(min(max(size, 1), self.max_gen_batch_size))
 
     # ---------------------------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Resumable state (JSON-serialisable). Carried groups hold backend data and are not included: after a resume
-        the carry buffer starts empty (checkpoints are taken between steps)."""
+    def state_dict(
+        self, compact: Optional[Callable[[Any, np.ndarray], tuple[Any, np.ndarray]]] = None
+    ) -> dict[str, Any]:
+        """Resumable state, taken between steps (before the next step's first :meth:`add`).
+
+        The carry buffer (carry mode: the groups carried into the next step, with their ages and the step's count of
+        stale groups dropped) is part of it, so a resumed run trains on the same carried groups as an uninterrupted
+        one. Carried groups hold their generation batch (the opaque ``batch=`` object); ``compact(batch, indices)``,
+        when given, is called once per generation batch with the indices of all its carried responses and returns
+        ``(smaller_batch, new_indices)`` -- the loop passes one that keeps only the carried responses, so a
+        checkpoint stores those, not whole generation batches. The state is JSON-serialisable when the carried
+        batch objects are (the loop's are not: it saves the state with ``torch.save``).
+        """
+        s = self._step
+        if s.total_per_batch:
+            raise RuntimeError("state_dict() in mid-step: checkpoints are taken between steps (after finish_step())")
+        carry: list[dict[str, Any]] = []
+        by_batch: dict[int, list[_Group]] = {}
+        for g in s.kept:
+            by_batch.setdefault(g.batch_index, []).append(g)
+        remapped: dict[int, tuple[Any, list[np.ndarray]]] = {}
+        for bi, groups in by_batch.items():
+            if compact is None:
+                remapped[bi] = (groups[0].batch, [g.indices for g in groups])
+                continue
+            sizes = [len(g.indices) for g in groups]
+            small, new_idx = compact(groups[0].batch, np.concatenate([g.indices for g in groups]))
+            new_idx = np.asarray(new_idx, dtype=np.int64)
+            if new_idx.shape[0] != sum(sizes):
+                raise ValueError(f"compact() returned {new_idx.shape[0]} indices for {sum(sizes)} carried responses")
+            remapped[bi] = (small, np.split(new_idx, np.cumsum(sizes)[:-1]))
+        taken: dict[int, int] = {}
+        for g in s.kept:
+            batch, parts = remapped[g.batch_index]
+            k = taken.get(g.batch_index, 0)
+            taken[g.batch_index] = k + 1
+            carry.append({"batch_index": g.batch_index, "indices": [int(i) for i in parts[k]], "age": g.age,
+                          "batch": batch})  # fmt: skip
         return {
             "version": 1,
             "mode": self.mode,
@@ -404,15 +440,31 @@ class DynamicSampler:
             "steps": self.steps,
             "batches_added": self.batches_added,
             "totals": dict(self.totals),
+            "carry": carry,
+            "dropped_stale": s.dropped_stale,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output; the current (partial) step and the carry buffer are reset."""
+        """Restore :meth:`state_dict` output: a fresh step that starts with the saved carried groups (a state saved
+        before the carry buffer was checkpointed has none)."""
         if not isinstance(state, dict) or state.get("version") != 1:
             raise ValueError(f"not a DynamicSampler state (version 1): {state!r:.200}")
         missing = {"keep_rate_ema", "steps", "batches_added", "totals"} - set(state)
         if missing:
             raise ValueError(f"DynamicSampler state lacks {sorted(missing)}")
+        carry = state.get("carry", [])
+        if carry and (state.get("mode") != "carry" or self.mode != "carry"):
+            raise ValueError(
+                f"the saved sampler state carries {len(carry)} groups (mode {state.get('mode')!r}) but this sampler's "
+                f"mode is {self.mode!r}; resume with the same recipe.filter_groups.mode"
+            )
+        groups = []
+        for i, c in enumerate(carry):
+            lacking = {"batch_index", "indices", "age", "batch"} - set(c)
+            if lacking:
+                raise ValueError(f"DynamicSampler state: carried group {i} lacks {sorted(lacking)}")
+            groups.append(_Group(int(c["batch_index"]), c["batch"], np.asarray(c["indices"], dtype=np.int64),
+                                 int(c["age"])))  # fmt: skip
         ema = state["keep_rate_ema"]
         self.keep_rate_ema = None if ema is None else float(ema)
         self.steps = int(state["steps"])
@@ -420,3 +472,6 @@ class DynamicSampler:
         self.totals = {k: int(state["totals"].get(k, 0)) for k in self.totals}
         self._carry = []
         self._begin_step()
+        self._step.kept = groups
+        self._step.carried_in = len(groups)
+        self._step.dropped_stale = int(state.get("dropped_stale", 0))

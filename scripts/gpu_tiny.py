@@ -1,22 +1,26 @@
 #!/usr/bin/env python3
-"""One short DAPO run of a larger tiny-preset variant on one CUDA device; prints throughput and MFU.
+"""Short DAPO runs on one CUDA device (H100/H200: one command, sized for <= 8 minutes); prints throughput and MFU.
 
-    python scripts/gpu_tiny.py                      # cuda, ~25M-parameter Qwen2 model, a few minutes
-    python scripts/gpu_tiny.py --device cpu --smoke # the same code path, minutes-free (CI runs this)
+    python scripts/gpu_tiny.py                      # cuda: the tiny model, then a ~0.5B-parameter model
+    python scripts/gpu_tiny.py --models 0.5b        # one of them
+    python scripts/gpu_tiny.py --device cpu --smoke # the same code path with toy sizes, minutes-free (CI runs this)
 
-It builds the tiny task and tokenizer, a Qwen2-architecture model of ``--hidden``/``--layers`` (head_dim 64), a short
-supervised warm start, then ``--steps`` DAPO rollout steps with the local backend (the same loop as ``dapo train``),
-and prints:
+For each model (``MODELS``: ``tiny`` = the tiny preset's ~0.5M-parameter model; ``0.5b`` = a Qwen2-architecture
+model of hidden 1024, 24 layers, 16 heads of 64, SwiGLU 5120 -- ~0.48B parameters, built locally from a config, no
+download) it builds the tiny task and tokenizer, a short supervised warm start, then ``--steps`` DAPO rollout steps
+with the local backend (the same loop as ``dapo train``), and prints:
 
 - generation tokens/s (response tokens produced, KV-cache decoding) and update tokens/s (prompt + response tokens
   through forward+backward),
+- the validation accuracy curve (avg@4 on the held-out problems, before RL and every few steps),
 - model FLOP utilisation (MFU) of the update and of the old-log-prob pass against the card's dense bf16 peak
   (``--peak-tflops``, default from the device name: H100/H200 989, A100 312, L40S 362, L4 121), counting
   ``6 * N * tokens`` for forward+backward and ``2 * N * tokens`` for a forward (N = non-embedding parameters +
   the LM head; attention FLOPs ignored, small at these lengths). Generation MFU is reported too but decoding a
   small model is latency-bound, not FLOP-bound.
 
-Results go to stdout and ``<run-dir>/gpu_tiny.json``.
+Results go to stdout and ``<run-dir>/gpu_tiny.json`` (one entry per model). On CUDA, float32 matmuls may use TF32
+(the warm start runs in fp32; the RL phases in bf16 autocast).
 """
 
 from __future__ import annotations
@@ -44,27 +48,54 @@ def peak_tflops(device_name: str) -> float | None:
     return None
 
 
+# name -> (hidden, layers, heads, intermediate, warm-start steps, warm-start lr)
+MODELS = {
+    "tiny": (128, 2, 4, 512, 400, 3e-3),
+    "0.5b": (1024, 24, 16, 5120, 150, 3e-4),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 steps: the code path only")
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--warm-steps", type=int, default=300)
+    p.add_argument("--smoke", action="store_true", help="toy sizes, 2 steps: the code path only")
+    p.add_argument("--models", default="tiny,0.5b", help=f"comma-separated, from {sorted(MODELS)}")
+    p.add_argument("--steps", type=int, default=10)
     p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of the device (TFLOP/s)")
     p.add_argument("--run-dir", default=None)
     args = p.parse_args(argv)
 
     import torch
 
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_tiny: no CUDA device here; run with --device cpu --smoke to check the code path", file=sys.stderr)
+        return 2
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown:
+        print(f"gpu_tiny: unknown model(s) {unknown}; known: {sorted(MODELS)}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="dapo-gpu-tiny-"))
+    t_all = time.time()
+    results, rc = [], 0
+    for name in names:
+        res = run_model(name, args, run_dir / name)
+        results.append(res)
+        rc = rc or res["exit_code"]
+        (run_dir / "gpu_tiny.json").write_text(json.dumps({"runs": results}, indent=2))
+    print(f"total {time.time() - t_all:.0f}s for {len(names)} model(s); results: {run_dir / 'gpu_tiny.json'}")
+    return 0 if rc == 0 else rc
+
+
+def run_model(model: str, args, run_dir: Path) -> dict:
+    import torch
+
     from dapo.backends.local import build
     from dapo.config import load_preset
     from dapo.loop import DAPOLoop, configure_determinism
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("gpu_tiny: no CUDA device here; run with --device cpu --smoke to check the code path", file=sys.stderr)
-        return 2
     if args.smoke:
         hidden, layers, heads, inter = 64, 1, 2, 128
         overrides = [
@@ -76,15 +107,14 @@ def main(argv: list[str] | None = None) -> int:
             "recipe.trainer.total_training_steps=2", "recipe.trainer.test_freq=2", "recipe.trainer.save_freq=0",
         ]  # fmt: skip
     else:
-        hidden, layers, inter = args.hidden, args.layers, 4 * args.hidden
-        heads = max(1, hidden // 64)
+        hidden, layers, heads, inter, warm_steps, warm_lr = MODELS[model]
         overrides = [
-            f"local.warm_start.steps={args.warm_steps}", "local.warm_start.batch_size=256",
-            "local.warm_start.lr=1e-3",
+            f"local.warm_start.steps={warm_steps}", "local.warm_start.batch_size=256",
+            f"local.warm_start.lr={warm_lr}",
             "local.task.n_train=8000", "local.task.n_val=512", "recipe.data.train_batch_size=64",
             "recipe.data.gen_batch_size=96", "recipe.rollout.n=16", "recipe.actor.ppo_mini_batch_size=32",
             "local.micro_batch_size=512", f"recipe.trainer.total_training_steps={args.steps}",
-            f"recipe.trainer.test_freq={args.steps}", "recipe.trainer.save_freq=0",
+            f"recipe.trainer.test_freq={max(1, args.steps // 5)}", "recipe.trainer.save_freq=0",
             "recipe.filter_groups.max_num_gen_batches=20",
         ]  # fmt: skip
     overrides += [
@@ -94,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         "recipe.trainer.logger=[console]", "recipe.trainer.resume_mode=disable",
     ]  # fmt: skip
     preset = load_preset("tiny", overrides)
-    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="dapo-gpu-tiny-"))
     configure_determinism(preset.recipe.trainer.seed, deterministic=False)
     t0 = time.time()
     backend, train_rows, val_rows, _ = build(preset, run_dir)
@@ -126,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     oldlp_tflops = 2 * n_flop * oldlp_tokens / oldlp_s / 1e12 if oldlp_s else 0.0
     gen_tflops = 2 * n_flop * gen_tok_s / 1e12
     res = {
+        "model": model,
         "device": name,
         "exit_code": rc,
         "params": n_total,
@@ -147,21 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         "val_acc": loop.summary().get("val_acc"),
         "smoke": args.smoke,
     }
-    (run_dir / "gpu_tiny.json").write_text(json.dumps(res, indent=2))
-
     def pct(x):
         return "n/a (no peak for this device; --peak-tflops)" if x is None else f"{x:.1%}"
 
-    print(f"device {name} | model {n_total / 1e6:.1f}M params ({n_flop / 1e6:.1f}M in matmuls) | "
+    print(f"== {model} == device {name} | model {n_total / 1e6:.1f}M params ({n_flop / 1e6:.1f}M in matmuls) | "
           f"{loop.step} steps in {train_s:.1f}s (setup {setup_s:.1f}s)")
     print(f"generation: {c['gen_tokens']} tokens, {gen_tok_s:,.0f} tokens/s, {gen_tflops:.2f} TFLOP/s, "
           f"MFU {pct(res['mfu_gen'])}")
     print(f"update:     {c['update_tokens']} tokens, {upd_tok_s:,.0f} tokens/s, {upd_tflops:.2f} TFLOP/s, "
           f"MFU {pct(res['mfu_update'])}")
     print(f"old log-prob: {oldlp_tflops:.2f} TFLOP/s, MFU {pct(res['mfu_old_log_prob'])}")
-    print(f"validation accuracy by step: {res['val_acc']}")
-    print(f"results: {run_dir / 'gpu_tiny.json'}")
-    return 0 if rc == 0 else rc
+    print(f"validation accuracy by step: {res['val_acc']}", flush=True)
+    return res
 
 
 if __name__ == "__main__":

@@ -236,3 +236,41 @@ def test_results_are_the_same_whether_the_sampler_holds_copies_or_whole_batches(
     rb = [json.dumps({k: v for k, v in r.items() if not k.startswith("timing") and k != "ts"}, sort_keys=True)
           for r in read_jsonl(tmp_path / "whole" / "metrics.jsonl")]
     assert ra == rb
+
+
+def test_carried_groups_survive_a_resume_and_the_run_ends_as_an_uninterrupted_one(tmp_path):
+    carry = ["recipe.filter_groups.enable=true", "recipe.filter_groups.mode=carry", "recipe.trainer.save_freq=1",
+             "recipe.trainer.total_training_steps=6", "recipe.trainer.test_freq=3"]  # fmt: skip
+    a, be_a = _loop(tmp_path / "a", carry)
+    assert a.fit() == 0
+    # stopped after step 3 (a validation step in both runs, so the backend's sampling RNG is in the same state)
+    b, _ = _loop(tmp_path / "b", carry + ["recipe.trainer.total_training_steps=3"])
+    assert b.fit() == 0
+    # the checkpoint holds the carried groups, reduced to their own responses
+    state = b.state_dict()["sampler"]
+    assert state["carry"], "no group was carried out of step 3: the test proves nothing"
+    c, be_c = _loop(tmp_path / "b", carry, backend=ScriptedBackend(seed=99))
+    assert c.fit() == 0
+    recs = {d: {r["step"]: r for r in read_jsonl(tmp_path / d / "metrics.jsonl")} for d in ("a", "b")}
+    assert recs["b"][4]["train/num_groups_carried_in"] == len(state["carry"]) > 0
+    assert be_c.weights == pytest.approx(be_a.weights, abs=0)
+    assert len(be_c.updates) == 3
+    for got, want in zip(be_c.updates, be_a.updates[3:]):
+        np.testing.assert_array_equal(got["advantages"], want["advantages"])
+        assert list(got["batch"].group_ids) == list(want["batch"].group_ids)
+        assert got["batch"].response_text == want["batch"].response_text
+    for step in (4, 5, 6):
+        for k, v in recs["a"][step].items():
+            if not k.startswith("timing_s/") and k != "ts":
+                assert recs["b"][step][k] == v, (step, k)
+
+
+def test_a_step_filled_by_carried_groups_alone_trains_without_generating(tmp_path):
+    loop, be = _loop(tmp_path, ["recipe.filter_groups.enable=true", "recipe.filter_groups.mode=carry",
+                                "recipe.data.gen_batch_size=24", "recipe.trainer.total_training_steps=2"],
+                     p=[0.5] * 60)  # fmt: skip
+    assert loop.fit() == 0
+    recs = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "train/num_gen_samples" in r]
+    assert recs[1]["train/num_gen_samples"] == 0 and recs[1]["train/num_groups_carried_in"] >= 4
+    assert "train/gen_acc/mean" not in recs[1] and len(be.updates) == 2
+    assert recs[1]["train/gen_samples_total"] == recs[0]["train/num_gen_samples"]

@@ -8,7 +8,11 @@ from dapo.config import load_preset
 
 
 def _settings(overrides):
-    p = load_preset("tiny", overrides)
+    return _settings_of("tiny", overrides)
+
+
+def _settings_of(preset, overrides):
+    p = load_preset(preset, overrides)
     r = p.recipe
     return {
         "clip_ratio_high": r.actor.clip_ratio_high,
@@ -16,13 +20,14 @@ def _settings(overrides):
         "overlong_buffer": r.reward.overlong_buffer.enable,
         "overlong_filter": r.reward.overlong_filter,
         "dynamic_sampling": r.filter_groups.enable,
+        "sampler_mode": r.filter_groups.mode,
     }
 
 
 def test_ladder_changes_one_thing_per_rung_and_ends_at_the_tiny_preset():
     rungs = [_settings(o) for _, o in LADDER]
     assert rungs[0] == {"clip_ratio_high": 0.2, "loss_agg_mode": "seq-mean-token-mean", "overlong_buffer": False,
-                        "overlong_filter": False, "dynamic_sampling": False}  # fmt: skip
+                        "overlong_filter": False, "dynamic_sampling": False, "sampler_mode": "reference"}  # fmt: skip
     changed = [{k for k in a if a[k] != b[k]} for a, b in zip(rungs, rungs[1:])]
     assert changed == [
         {"overlong_filter"},
@@ -30,8 +35,11 @@ def test_ladder_changes_one_thing_per_rung_and_ends_at_the_tiny_preset():
         {"overlong_buffer", "overlong_filter"},  # the soft punishment replaces filtering, as in the DAPO recipe
         {"loss_agg_mode"},
         {"dynamic_sampling"},
+        {"sampler_mode"},  # DAPO + carry (off-paper)
     ]
-    assert rungs[-1] == _settings([])  # the last rung is the tiny preset itself
+    assert LADDER[-2][0] == "+ dynamic sampling (DAPO)"
+    assert rungs[-2] == _settings([])  # the DAPO rung is the tiny preset itself
+    assert rungs[-2] == _settings_of("tiny-long", LADDER[-2][1]) and _settings_of("tiny-long", []) == rungs[-2]
 
 
 def test_table_counts_steps_and_samples_to_each_target():

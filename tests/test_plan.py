@@ -140,6 +140,32 @@ def test_dynamic_sampling_overgenerates_and_too_low_keep_rate_is_an_error():
     assert [c.key for c in p3.errors] == ["recipe.filter_groups.max_num_gen_batches"]
 
 
+@pytest.mark.parametrize("keep_rate", [0.25, 0.5, 0.7])  # away from a batch boundary (the model uses ceil)
+def test_sampler_model_matches_a_simulation_of_the_dynamic_sampler(keep_rate):
+    from dapo.bench import simulate_sampler
+
+    B, G = 64, 192  # the full preset's 512 / 1536 ratio, scaled down
+    ref = simulate_sampler("reference", B, G, keep_rate, steps=60)
+    car = simulate_sampler("carry", B, G, keep_rate, steps=60)
+    assert ref["prompts_per_step"] == pytest.approx(math.ceil(B / (G * keep_rate)) * G, rel=0.02)
+    assert car["prompts_per_step"] == pytest.approx(P.carry_prompts_per_step(B, keep_rate), rel=0.05)
+
+
+def test_plan_shows_the_step_with_the_reference_and_the_carry_sampler():
+    ref = P.make_plan(load_preset("full"))
+    car = P.make_plan(load_preset("full", ["recipe.filter_groups.mode=carry"]))
+    r, c = ref.samplers["reference"], ref.samplers["carry"]
+    assert r["step_s"] == pytest.approx(ref.time_s["step"]) and r["gen_batches_per_step"] == 1.0
+    assert c["prompts_generated"] == 512 / 0.4 and c["generation_s"] < r["generation_s"]
+    assert c["gpu_hours"] < r["gpu_hours"]
+    assert car.time_s["step"] == pytest.approx(c["step_s"])  # a carry preset's headline numbers are the carry ones
+    text = P.render_text(ref)
+    assert "reference 1.00 x 1,536 prompts/step" in text and "carry     0.83 x 1,536 prompts/step" in text
+    # without dynamic sampling both samplers are the same step
+    early = P.make_plan(load_preset("early")).samplers
+    assert early["reference"] == early["carry"]
+
+
 def test_explicit_steps_override_the_epoch_count():
     plan = P.make_plan(load_preset("full"), total_rollout_steps=P.PAPER_ROLLOUT_STEPS)
     assert plan.steps["total_gradient_steps"] == P.PAPER_ROLLOUT_STEPS * 16

@@ -176,7 +176,7 @@ def test_carry_mode_oversamples_more_when_the_keep_rate_falls():
                 k += 1
             s.finish_step()
         resumed = DynamicSampler(train_batch_size=16, n=4, mode="carry", gen_batch_size=16, max_gen_batch_size=512)
-        resumed.load_state_dict(s.state_dict())  # same keep-rate estimate, empty carry buffer
+        resumed.load_state_dict(s.state_dict())  # same keep-rate estimate and carry buffer
         return resumed.suggested_gen_batch_size()
 
     easy, hard = run(0.9), run(0.2)
@@ -330,3 +330,30 @@ def test_selection_with_take_equals_selection_without(data):
         rb = np.concatenate([sel.batch.rows[sel.indices] for sel in b.selection()])
         assert ra.tolist() == rb.tolist()
         assert a.finish_step() == b.finish_step()
+
+
+def test_carry_buffer_is_checkpointed_and_compacted_to_the_carried_responses():
+    s = DynamicSampler(train_batch_size=1, n=2, mode="carry", max_num_gen_batches=0)
+    batch = ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7"]  # stands for a generation batch: response i is "ri"
+    s.add(["a", "a", "b", "b", "c", "c", "d", "d"], [1, 0, 1, 1, 0, 1, 1, 0], batch=batch)
+    s.finish_step()  # a trained; c and d carried (b all-correct: filtered)
+    seen = []
+
+    def compact(b, idx):
+        seen.append(idx.tolist())
+        return [b[i] for i in idx], np.arange(len(idx))
+
+    state = s.state_dict(compact=compact)
+    assert seen == [[4, 5, 6, 7]]  # one call per generation batch, all its carried responses
+    assert [(c["indices"], c["age"]) for c in state["carry"]] == [([0, 1], 1), ([2, 3], 1)]
+    fresh = DynamicSampler(train_batch_size=1, n=2, mode="carry", max_num_gen_batches=0)
+    fresh.load_state_dict(state)
+    for sampler in (s, fresh):  # both use the carried group c first, then carry d on
+        (sel,) = sampler.selection()
+        assert [sel.batch[i] for i in sel.indices] == ["r4", "r5"]
+        assert sampler.finish_step()["num_groups_carried_out"] == 1
+    with pytest.raises(ValueError, match="mode"):
+        DynamicSampler(train_batch_size=1, n=2, mode="reference").load_state_dict(state)
+    with pytest.raises(RuntimeError, match="mid-step"):
+        fresh.add(["e", "e"], [0, 1])
+        fresh.state_dict()

@@ -43,7 +43,8 @@ def spec_key(local) -> str:
     payload = {
         "version": ASSETS_VERSION,
         "model": dataclasses.asdict(local.model),
-        "task": dataclasses.asdict(local.task),
+        # min_digits=0 (the default) is left out so the tiny task keeps the cache key it had before the field existed
+        "task": {k: v for k, v in dataclasses.asdict(local.task).items() if (k, v) != ("min_digits", 0)},
         "warm_start": dataclasses.asdict(local.warm_start),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
@@ -61,7 +62,7 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
         raise ValueError("the tiny model needs the preset's 'local:' section")
     t = local.task
     root = Path(cache_dir) / spec_key(local)
-    train, val = make_problems(t.digits, t.n_train, t.n_val, t.seed)
+    train, val = make_problems(t.digits, t.n_train, t.n_val, t.seed, t.min_digits)
 
     def build_tokenizer(d: Path) -> None:
         corpus = ["user\n" + dapo_prompt(p.text()) for p in train[:500]]

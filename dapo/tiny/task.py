@@ -92,19 +92,46 @@ class Problem:
         return self.solution(forget_carry)[0]
 
 
-def make_problems(digits: int, n_train: int, n_val: int, seed: int) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint train / validation problems: ordered pairs (a, b) with up to ``digits`` digits each."""
+def make_problems(
+    digits: int, n_train: int, n_val: int, seed: int, min_digits: int = 0
+) -> tuple[list[Problem], list[Problem]]:
+    """Disjoint train / validation problems.
+
+    ``min_digits == 0``: ordered pairs (a, b) with up to ``digits`` digits each (uniform over all pairs).
+    ``min_digits >= 1``: a length d uniform in ``[min_digits, digits]`` per problem, then two uniform d-digit
+    operands; response lengths (one line of working per digit) then spread evenly over the range.
+    """
     if digits < 1:
         raise ValueError(f"local.task.digits must be >= 1, got {digits}")
-    hi = 10**digits
-    total = hi * hi
-    if n_train + n_val > total:
+    if min_digits == 0:
+        hi = 10**digits
+        total = hi * hi
+        if n_train + n_val > total:
+            raise ValueError(
+                f"local.task: n_train + n_val = {n_train + n_val} exceeds the {total} distinct {digits}-digit problems"
+            )
+        rng = np.random.default_rng(seed)
+        flat = rng.choice(total, size=n_train + n_val, replace=False)
+        probs = [Problem(int(i // hi), int(i % hi)) for i in flat]
+        return probs[:n_train], probs[n_train:]
+    if not 1 <= min_digits <= digits:
+        raise ValueError(f"local.task.min_digits must be 0 or in [1, digits={digits}], got {min_digits}")
+    # per length d there are (9 * 10**(d-1))**2 distinct problems; the shortest length bounds how many fit
+    per_len = (n_train + n_val) / (digits - min_digits + 1)
+    if per_len > 0.5 * (9 * 10 ** (min_digits - 1)) ** 2:
         raise ValueError(
-            f"local.task: n_train + n_val = {n_train + n_val} exceeds the {total} distinct {digits}-digit problems"
+            f"local.task: n_train + n_val = {n_train + n_val} is too many distinct problems for min_digits={min_digits}"
         )
     rng = np.random.default_rng(seed)
-    flat = rng.choice(total, size=n_train + n_val, replace=False)
-    probs = [Problem(int(i // hi), int(i % hi)) for i in flat]
+    seen: set[tuple[int, int]] = set()
+    probs = []
+    while len(probs) < n_train + n_val:
+        d = int(rng.integers(min_digits, digits + 1))
+        lo, hi = 10 ** (d - 1), 10**d
+        p = (int(rng.integers(lo, hi)), int(rng.integers(lo, hi)))
+        if p not in seen:
+            seen.add(p)
+            probs.append(Problem(*p))
     return probs[:n_train], probs[n_train:]
 
 

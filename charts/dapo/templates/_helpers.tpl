@@ -99,7 +99,7 @@ The files live in presets/ (a link to the package's dapo/presets: the one source
 {{- if not (hasPrefix "_" $base) -}}{{- $known = append $known $base -}}{{- end -}}
 {{- end -}}
 {{- if eq $state.name $name -}}
-{{- fail (printf "preset: unknown preset %q; available: %s" $name (join ", " $known)) -}}
+{{- fail (printf "preset: unknown preset %q; available: %s" $name (join ", " (sortAlpha $known))) -}}
 {{- else -}}
 {{- fail (printf "preset: %q extends %q, which is not a file of presets/" (last $state.files) $state.name) -}}
 {{- end -}}

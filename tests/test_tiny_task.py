@@ -1,0 +1,45 @@
+"""The builtin tasks: the tiny task's problems are unchanged by the tiny-long option, and tiny-long spreads problem
+lengths (and so worked-response lengths) evenly over its digit range, with the overlong limit binding for the
+longest correct solutions only."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dapo.config import load_preset
+from dapo.reward import compute_score
+from dapo.tiny.assets import spec_key
+from dapo.tiny.task import Problem, make_problems
+
+
+def test_min_digits_zero_is_the_original_tiny_task_and_keeps_its_cache_key():
+    a = make_problems(2, 50, 10, 1234)
+    b = make_problems(2, 50, 10, 1234, 0)
+    assert a == b and all(p.a < 100 and p.b < 100 for p in a[0])
+    local = load_preset("tiny").local
+    assert spec_key(local) != spec_key(dataclasses.replace(local, task=dataclasses.replace(local.task, min_digits=2)))
+
+
+def test_tiny_long_problems_spread_over_2_to_4_digits_and_the_limit_binds_only_for_long_ones():
+    t = load_preset("tiny-long").local.task
+    train, val = make_problems(t.digits, t.n_train, t.n_val, t.seed, t.min_digits)
+    assert len(train) == t.n_train and len(val) == t.n_val
+    assert not {(p.a, p.b) for p in train} & {(p.a, p.b) for p in val}
+    lengths = [len(str(p.a)) for p in train]
+    assert all(len(str(p.a)) == len(str(p.b)) for p in train)
+    for d in (2, 3, 4):
+        assert 0.28 < lengths.count(d) / len(lengths) < 0.39
+    # one line of working per digit, then the answer line; the verifier reads the DAPO answer line
+    p = Problem(4785, 3916)
+    text = p.response()
+    assert text.count("\n") == 4 and compute_score(text, str(p.answer))["acc"]
+    assert not compute_score(p.response(forget_carry=True), str(p.answer))["acc"]
+
+
+def test_min_digits_errors_name_the_key():
+    with pytest.raises(ValueError, match="min_digits"):
+        make_problems(3, 10, 10, 0, 4)
+    with pytest.raises(ValueError, match="too many distinct problems"):
+        make_problems(2, 4000, 100, 0, 1)
