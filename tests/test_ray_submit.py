@@ -26,6 +26,7 @@ import yaml
 
 from dapo.k8s.presets import go_quote
 from k8s_support import by_key, helm_objects, set_files, user_values
+from kuberay_loopback import stop_marked_processes
 
 pytestmark = pytest.mark.slow
 
@@ -88,28 +89,7 @@ def _stop_own_processes(head: subprocess.Popen, marker: str) -> None:
         except subprocess.TimeoutExpired:  # `ray start --block` is slow to notice; this cluster is private
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(timeout=10)
-    try:
-        import psutil
-    except ImportError:  # pragma: no cover - psutil comes with ray
-        return
-    mine = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if p.pid != os.getpid() and any(marker in part for part in (p.info["cmdline"] or [])):
-                mine.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    for p in mine:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(mine, timeout=10)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    stop_marked_processes(marker)
 
 
 def test_rendered_tiny_rayjob_runs_to_succeeded_through_ray_job_submit():
