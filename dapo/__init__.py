@@ -1,11 +1,19 @@
 """DAPO (Decoupled Clip and Dynamic sAmpling Policy Optimization, arXiv 2503.14476) on Kubernetes.
 
-Layers (each depends only on the ones above it):
-  dapo.loss / advantage / reward / sampler     the algorithm core: torch/numpy only, proven equal to verl
-  dapo.config + dapo/presets/*.yaml           typed strict presets (recipe + placement), one source of truth
-  dapo.loop                                   the one DAPO training loop, driving a backend interface
-  dapo.backends.local / dapo.backends.verl    HF in one process (CPU / one GPU) | verl worker groups on Ray
-  dapo.k8s                                    pure manifest builders (scripts/render.py; parity with charts/dapo)
+Packages, each importing only from the rows above it (``tests/test_layout.py`` checks the rule):
+
+  dapo.loss, .advantage, .reward, .sampler   the algorithm core: torch/numpy only, proven equal to verl (public API)
+  dapo.util                                  filesystem and language-model helpers shared by everything below
+  dapo.config  + dapo/presets/*.yaml         typed strict presets (recipe + placement), one source of truth
+  dapo.data                                  dataset schema, checks, preparation, the evaluation benchmarks
+  dapo.tiny                                  the tiny preset's locally built model, tokenizer, task, warm start
+  dapo.train                                 the one DAPO training loop, checkpoints, health, metrics, reports
+  dapo.backends.local / dapo.backends.verl   HF in one process (CPU / one GPU) | verl worker groups on Ray
+  dapo.plan                                  sizing: steps, time, GPU and host memory, storage
+  dapo.eval                                  checkpoint export, Ray Serve + vLLM serving, the AIME avg@k client
+  dapo.reference                             the upstream DAPO recipe of verl, run through the same chart
+  dapo.k8s                                   pure manifest builders (scripts/render.py; parity with charts/dapo)
+  dapo.bench, dapo.cli                       benchmarks and the ``dapo`` command on top of everything
 """
 
 __version__ = "0.1.0"

@@ -1,5 +1,5 @@
 """AIME-2024 avg@32 client, flag-compatible with the DAPO repository's ``eval/eval_aime24.py``
-(see :mod:`dapo.eval_client`):
+(see :mod:`dapo.eval.client`):
 
     python eval/eval_aime24.py --temperature 1.0 --top_p 0.7 --max_tokens 20480 \\
         --model dapo-step400 --test_file aime-2024.parquet --base-url http://127.0.0.1:8000/v1 --output out/
@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 try:
-    from dapo.eval_client import add_client_args, client_main
+    from dapo.eval.client import add_client_args, client_main
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dapo.eval_client import add_client_args, client_main
+    from dapo.eval.client import add_client_args, client_main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 
 The reference values below are DATA transcribed from the reference scripts (shell arithmetic evaluated) and from the
 reference commit's trainer config -- never read from this bundle's code. The generator composes each preset into
-verl 0.9.1's config (dapo.verl_config.resolve), looks every reference key up there (under its 0.9.1 name when verl
+verl 0.9.1's config (dapo.backends.verl.config.resolve), looks every reference key up there (under its 0.9.1 name when verl
 renamed it) and fails if a value differs without a documented reason, or if a documented deviation no longer differs
 (a stale document). ``--check`` compares the generated text with the file (tests/test_fidelity_doc.py runs it).
 
@@ -189,7 +189,7 @@ DEVIATIONS: dict[str, str] = {
     "trainer.max_actor_ckpt_to_keep": "Retention, not the recipe: the reference keeps every checkpoint (~400 GB "
     "each for 32B with optimizer state, one per `save_freq` = 5 steps), which fills any volume long before the run "
     "ends and then fails every retry at its next save. `recipe.trainer.max_ckpt_to_keep: 3` keeps the newest three; "
-    "`dapo.checkpoint` deletes older ones (atomic rename to trash, so a kill mid-deletion never damages a "
+    "`dapo.train.checkpoint` deletes older ones (atomic rename to trash, so a kill mid-deletion never damages a "
     "checkpoint), for both backends (verl itself is told to delete nothing: its rotation forgets earlier attempts).",
 }
 
@@ -198,7 +198,7 @@ BEHAVIOUR: list[tuple[str, str]] = [
     (
         "Dynamic sampling runs in our loop, not in verl's trainer",
         "verl 0.9.1 ships no DAPO trainer: its legacy trainer ignores `algorithm.filter_groups` and its v1 trainer "
-        "replaces dynamic sampling by a replay buffer. `dapo.loop` with `dapo.sampler.DynamicSampler` implements the "
+        "replaces dynamic sampling by a replay buffer. `dapo.train.loop` with `dapo.sampler.DynamicSampler` implements the "
         "reference's `RayDAPOTrainer.fit` rule: keep a prompt group when the std of its metric is > 0 (or it has a "
         "single response), add generation batches of `gen_batch_size` prompts until `train_batch_size` groups are "
         "kept, keep the first `train_batch_size * n` responses, fail after `max_num_gen_batches`. "
@@ -256,7 +256,7 @@ def _norm(v: Any) -> Any:
     """A value compared as the reference translation compares it (numbers as floats, sequences as lists)."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
-    from dapo.reference import _norm as norm_value
+    from dapo.reference.translate import _norm as norm_value
 
     if isinstance(v, (DictConfig, ListConfig)):
         v = OmegaConf.to_container(v, resolve=True)
@@ -287,7 +287,7 @@ def compare(name: str) -> tuple[list[dict[str, Any]], str]:
     """Rows (reference key, reference value, 0.9.1 key, our value, preset key, status) for one preset."""
     from omegaconf import OmegaConf
 
-    from dapo import verl_config
+    from dapo.backends.verl import config as verl_config
     from dapo.config import load_preset
 
     preset = load_preset(name)
@@ -315,7 +315,7 @@ def compare(name: str) -> tuple[list[dict[str, Any]], str]:
                 "ref": _fmt(ref_val),
                 "key": key,
                 "ours": _fmt(ours),
-                "preset": src if not src.startswith("fixed") else "fixed in dapo.verl_config",
+                "preset": src if not src.startswith("fixed") else "fixed in dapo.backends.verl.config",
                 "status": status,
                 "raw_key": ref_key,
             })

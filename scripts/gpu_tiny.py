@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 def run_model(model: str, args, run_dir: Path) -> dict:
     import torch
 
-    from dapo.backends.local import build
+    from dapo.backends.local.backend import build
     from dapo.config import load_preset
-    from dapo.loop import DAPOLoop, configure_determinism
+    from dapo.train.loop import DAPOLoop, configure_determinism
 
     if args.smoke:
         hidden, layers, heads, inter = 64, 1, 2, 128
@@ -144,7 +144,7 @@ def run_model(model: str, args, run_dir: Path) -> dict:
     n_flop = n_total - n_embed + (n_embed if tied else 0)  # the LM head matmul counts; the embedding lookup does not
     c = backend.counters
     peak = args.peak_tflops or (peak_tflops(name) if dev.type == "cuda" else None)
-    from dapo.metrics import read_jsonl
+    from dapo.train.metrics import read_jsonl
 
     recs = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "timing_s/old_log_prob" in r]
     oldlp_s = sum(r["timing_s/old_log_prob"] for r in recs)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from dapo.bench import PEER_SYSTEMS, peer_curve_table, peer_table
+from dapo.bench.cli import PEER_SYSTEMS, peer_curve_table, peer_table
 from dapo.config import load_preset
-from dapo.peers_trl import grpo_kwargs, make_reward_fn
+from dapo.bench.peers_trl import grpo_kwargs, make_reward_fn
 from dapo.reward import score_responses
 from loop_support import SMALL_TINY
 

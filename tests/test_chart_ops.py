@@ -22,12 +22,12 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from dapo import gpu_check
+from dapo.train import gpu_check
 from dapo.config import apply_overrides, load_preset
 from dapo.k8s import ValuesError, load_values
 from dapo.k8s.manifests import SPEC_HASH_ANNOTATION, Chart, go_json, spec_sha256, upgrade_refusal
 from dapo.k8s.presets import effective_preset, merged_preset, trainer_path
-from dapo.train import split_overrides
+from dapo.train.cli import split_overrides
 from k8s_support import (
     CHART_DIR,
     VALUES_DIR,
@@ -511,12 +511,12 @@ def test_gpu_check_cli_exits_1_with_the_reason_when_no_driver_is_mounted(tmp_pat
     env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(ROOT)}
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "dapo.gpu_check", "--min-driver", "580"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "dapo.train.gpu_check", "--min-driver", "580"], capture_output=True,
                          text=True, env=env, cwd=tmp_path)
     assert out.returncode == 1
     assert "gpu_check: nvidia-smi not found" in out.stderr and "runtimeClassName" in out.stderr
     fake_nvidia_smi(tmp_path, ["535.104.05, NVIDIA A100-SXM4-80GB"])
-    out = subprocess.run([sys.executable, "-m", "dapo.gpu_check"], capture_output=True, text=True, env=env,
+    out = subprocess.run([sys.executable, "-m", "dapo.train.gpu_check"], capture_output=True, text=True, env=env,
                          cwd=tmp_path)
     assert out.returncode == 1 and "NVIDIA driver 535.104.05 is too old" in out.stderr
 
@@ -525,7 +525,7 @@ def test_gpu_workers_check_the_driver_at_start_and_the_head_does_not():
     _, p = both(RWX)
     job = p[("RayJob", "dapo-train")]
     worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
-    assert worker["lifecycle"]["postStart"]["exec"]["command"] == ["python", "-m", "dapo.gpu_check",
+    assert worker["lifecycle"]["postStart"]["exec"]["command"] == ["python", "-m", "dapo.train.gpu_check",
                                                                    "--min-driver", "580"]
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert "postStart" not in head["lifecycle"]

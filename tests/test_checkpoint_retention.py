@@ -1,4 +1,4 @@
-"""Checkpoint retention (dapo.checkpoint.prune): the newest max_ckpt_to_keep complete checkpoints stay, at most
+"""Checkpoint retention (dapo.train.checkpoint.prune): the newest max_ckpt_to_keep complete checkpoints stay, at most
 keep + 1 exist at any time, and a process killed while deleting never leaves the newest complete checkpoint -- or
 any directory a reader would take for a checkpoint -- damaged."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from dapo import checkpoint as ckpt
+from dapo.train import checkpoint as ckpt
 
 
 def _write_backend(directory: str) -> None:
@@ -99,7 +99,7 @@ def test_an_interrupted_deletion_leaves_only_trash_and_the_newest_intact(tmp_pat
 KILLER = textwrap.dedent("""
     import os, shutil, signal, sys
     from pathlib import Path
-    from dapo import checkpoint as ckpt
+    from dapo.train import checkpoint as ckpt
 
     root, where = Path(sys.argv[1]), sys.argv[2]
     real_rename = Path.rename
@@ -149,7 +149,7 @@ def test_incomplete_step_directories_older_than_the_newest_are_removed(tmp_path)
 
 @pytest.mark.parametrize("name", ["full", "early", "7b", "smoke"])
 def test_gpu_presets_bound_their_checkpoints_and_verl_config_carries_it(name):
-    from dapo import verl_config
+    from dapo.backends.verl import config as verl_config
     from dapo.config import load_preset
 
     preset = load_preset(name)
@@ -160,10 +160,10 @@ def test_gpu_presets_bound_their_checkpoints_and_verl_config_carries_it(name):
 
 def test_verl_backend_leaves_rotation_to_dapo_checkpoint():
     """verl's rotation forgets earlier attempts' checkpoints (its list lives in memory), so verl is told to delete
-    nothing; dapo.checkpoint.prune (which scans the directory) does it for both backends."""
+    nothing; dapo.train.checkpoint.prune (which scans the directory) does it for both backends."""
     from types import SimpleNamespace
 
-    from dapo.backends.verl import RayWorkers
+    from dapo.backends.verl.backend import RayWorkers
 
     calls = []
 

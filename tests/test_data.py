@@ -11,8 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dapo import benchmarks, data
-from dapo.data import DataError
+from dapo.data import benchmarks
+
+from dapo.data import prepare as data
+from dapo.data.prepare import DataError
 
 TEMPLATE = ("Solve the following math problem step by step. The last line of your response should be of the form "
             "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{q}\n\n"

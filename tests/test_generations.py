@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from dapo.generations import dump_generations, pick_val_generations
+from dapo.train.generations import dump_generations, pick_val_generations
 from loop_support import ScriptedBackend, make_rows
 
 ray_trainer = pytest.importorskip("verl.trainer.ppo.ray_trainer", reason="verl 0.9.1 is the reference")
@@ -51,7 +51,7 @@ def test_pick_val_generations_chooses_the_samples_verl_logs(n):
 
 def test_the_loop_dumps_training_and_validation_generations_per_step(tmp_path):
     from dapo.config import load_preset
-    from dapo.loop import DAPOLoop
+    from dapo.train.loop import DAPOLoop
 
     over = ["recipe.data.train_batch_size=4", "recipe.data.gen_batch_size=4", "recipe.rollout.n=2",
             "recipe.actor.ppo_mini_batch_size=2", "recipe.trainer.total_training_steps=2",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dapo.config import HealthConfig, load_preset
-from dapo.health import EXIT_HEALTH_STOP, HealthGuard
-from dapo.loop import DAPOLoop
+from dapo.train.health import EXIT_HEALTH_STOP, HealthGuard
+from dapo.train.loop import DAPOLoop
 from loop_support import ScriptedBackend, make_rows
 
 

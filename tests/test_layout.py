@@ -25,9 +25,9 @@ CORE = {"dapo.loss", "dapo.advantage", "dapo.reward", "dapo.sampler"}
 
 # (importer, imported): the CLI part of a library module reaching up; see the module docstring.
 PENDING_SPLIT = {
-    ("dapo.plan", "dapo.sizing"): "`dapo plan` reports sizing's memory/storage model, which reads plan's model table",
-    ("dapo.plan", "dapo.k8s"): "`dapo plan` reads the chart's values, whose check uses sizing (-> plan)",
-    ("dapo.data", "dapo.benchmarks"): "`dapo data prepare` builds the benchmarks, which write rows with data's schema",
+    ("dapo.plan.estimate", "dapo.plan.memory"): "`dapo plan` reports sizing's memory/storage model, which reads plan's model table",
+    ("dapo.plan.estimate", "dapo.k8s"): "`dapo plan` reads the chart's values, whose check uses sizing (-> plan)",
+    ("dapo.data.prepare", "dapo.data.benchmarks"): "`dapo data prepare` builds the benchmarks, which write rows with data's schema",
 }
 
 
@@ -128,8 +128,8 @@ def _edges_in(cycles: list[list[str]], graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_the_import_reader_sees_lazy_and_relative_imports():
-    # the reader itself: dapo.train picks a backend inside a function; the k8s package imports its modules
-    assert ("dapo.backends.local", True) in {(t, lazy) for t, _, lazy in IMPORTS["dapo.train"]}
+    # the reader itself: dapo.train.cli picks a backend inside a function; the k8s package imports its modules
+    assert ("dapo.backends.local.backend", True) in {(t, lazy) for t, _, lazy in IMPORTS["dapo.train.cli"]}
     assert "dapo.k8s.manifests" in _graph(lazy=False)["dapo.k8s"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -159,17 +159,17 @@ def test_function_level_imports_form_no_circle_but_the_pending_splits():
 
 def test_the_warm_start_imports_no_backend_and_the_planner_no_data_preparation():
     # the two circles issue 16 names: tiny/warmstart -> backends/local -> tiny/assets -> tiny/warmstart, and
-    # data -> plan -> data; what both sides need lives in dapo.lm_forward and dapo.parquet
+    # data -> plan -> data; what both sides need lives in dapo.util.lm_forward and dapo.data.parquet
     graph = _graph(lazy=True)
     tiny_to_backends = [(m, t) for m in graph if m.startswith("dapo.tiny") for t in graph[m]
                         if t.startswith("dapo.backends")]
     assert not tiny_to_backends
-    assert "dapo.data" not in graph["dapo.plan"]
-    assert {"dapo.lm_forward"} <= graph["dapo.tiny.warmstart"] and "dapo.parquet" in graph["dapo.plan"]
+    assert "dapo.data.prepare" not in graph["dapo.plan.estimate"]
+    assert {"dapo.util.lm_forward"} <= graph["dapo.tiny.warmstart"] and "dapo.data.parquet" in graph["dapo.plan.estimate"]
 
 
 def test_the_loop_sees_backends_only_through_their_interface_and_nothing_imports_the_cli():
     graph = _graph(lazy=True)
-    assert {t for t in graph["dapo.loop"] if t.startswith("dapo.backends")} == {"dapo.backends.base"}
+    assert {t for t in graph["dapo.train.loop"] if t.startswith("dapo.backends")} == {"dapo.backends.base"}
     assert graph["dapo.backends.base"] <= CORE
     assert [m for m in graph if "dapo.cli" in graph[m]] == []

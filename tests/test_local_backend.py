@@ -1,4 +1,4 @@
-"""The local backend (dapo.backends.local) on a small randomly initialised Qwen2 model: shared-prefix forward equals the
+"""The local backend (dapo.backends.local.backend) on a small randomly initialised Qwen2 model: shared-prefix forward equals the
 plain forward, generation masks, mini-batch token-mean under micro-batching, verl's warm-up schedule, checkpoints."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dapo.backends.base import Sampling
-from dapo.backends.local import LocalBackend, _read_rows, prompt_forward
+from dapo.backends.local.backend import LocalBackend, _read_rows, prompt_forward
 from dapo.config import load_preset
 from dapo.tiny.assets import prepare
 

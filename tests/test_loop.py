@@ -1,4 +1,4 @@
-"""The DAPO loop (dapo.loop) driven by a scripted backend: dynamic sampling refill, advantages, overlong filtering,
+"""The DAPO loop (dapo.train.loop) driven by a scripted backend: dynamic sampling refill, advantages, overlong filtering,
 cadence, metrics, resume state, the sampler-exhausted exit. Fast: no model."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from dapo.advantage import group_advantages
 from dapo.config import load_preset
-from dapo.health import EXIT_SAMPLER_EXHAUSTED
-from dapo.loop import DAPOLoop, PromptStream
-from dapo.metrics import METRICS, describe, read_jsonl
+from dapo.train.health import EXIT_SAMPLER_EXHAUSTED
+from dapo.train.loop import DAPOLoop, PromptStream
+from dapo.train.metrics import METRICS, describe, read_jsonl
 from dapo.reward import compute_score
 from loop_support import ScriptedBackend, make_rows
 
@@ -104,7 +104,7 @@ def test_validation_cadence_and_metric_names_follow_verl(tmp_path):
         assert name in step, name
     for name in step:
         if name not in ("step", "ts"):
-            assert describe(name) is not None, f"{name} is not in dapo.metrics.METRICS"
+            assert describe(name) is not None, f"{name} is not in dapo.train.metrics.METRICS"
     assert "val-core/{ds}/acc/mean@{k}" in METRICS
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["val_acc"]) == {"0", "2", "3"}

@@ -18,7 +18,7 @@ pytest.importorskip("verl")
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from dapo import verl_config  # noqa: E402
+from dapo.backends.verl import config as verl_config  # noqa: E402
 from dapo.config import ConfigError, load_preset  # noqa: E402
 
 # ---- the recipe, as the issue lists it ------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ COMMON_32B = {
     "trainer.resume_mode": "auto",
     "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_USE_V1": "1",
     "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
-    "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "dapo.backends.verl_loss",
+    "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "dapo.backends.verl.loss",
     "actor_rollout_ref.actor.policy_loss.loss_mode": "dapo",
     "actor_rollout_ref.rollout.name": "vllm",
 }
@@ -171,7 +171,7 @@ def test_token_mean_scope_microbatch_selects_the_reference_loss(resolved):
 def test_runtime_env_carries_the_recipe_env_and_the_loss_module(resolved):
     env = verl_config.runtime_env(resolved["full"].cfg, environ={})["env_vars"]
     assert env["VLLM_USE_V1"] == "1" and env["TORCH_NCCL_AVOID_RECORD_STREAMS"] == "1"
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "dapo.backends.verl_loss"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "dapo.backends.verl.loss"
 
 
 def test_runtime_env_leaves_out_what_the_ray_job_already_sets_and_refuses_a_contradiction(resolved):
@@ -211,7 +211,7 @@ def test_passthrough_keys_the_loop_does_not_honour_are_refused_with_the_reason(p
 
 
 def test_the_train_help_example_key_passes_through():
-    from dapo.train import build_parser
+    from dapo.train.cli import build_parser
 
     text = " ".join(build_parser().format_help().split())
     example = re.search(r"e\.g\. (actor_rollout_ref\.\S+=\S+)", text).group(1)
@@ -303,7 +303,7 @@ def test_unknown_remote_model_skips_head_checks_and_says_so():
 def test_train_cli_rejects_bad_input_before_ray_starts(capsys):
     import ray
 
-    from dapo.train import main
+    from dapo.train.cli import main
 
     assert main(["--preset", "full", "placement.parallel.rollout_tp=3", "--dry-run"]) == 2
     assert main(["--preset", "full", "actor_rollout_ref.actor.nope=1"]) == 2  # not a dry run: still no Ray
@@ -313,7 +313,7 @@ def test_train_cli_rejects_bad_input_before_ray_starts(capsys):
 
 
 def test_dry_run_prints_the_complete_resolved_verl_config(capsys):
-    from dapo.train import main
+    from dapo.train.cli import main
 
     assert main(["--preset", "full", "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -321,4 +321,4 @@ def test_dry_run_prints_the_complete_resolved_verl_config(capsys):
     assert body["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"] == "dapo"
     assert body["trainer"]["default_local_dir"] == "/shared/checkpoints/DAPO-verl/DAPO-Qwen2.5-32B"  # resolved
     assert body["reward"]["reward_kwargs"]["overlong_buffer_cfg"]["len"] == 4096
-    assert "dynamic sampling (dapo.loop, not verl's trainer): on, metric acc" in out
+    assert "dynamic sampling (dapo.train.loop, not verl's trainer): on, metric acc" in out

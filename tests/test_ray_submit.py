@@ -40,7 +40,7 @@ import ray
 from dapo.config import load_preset
 
 preset = load_preset("full")
-env_vars = {**preset.placement.env, "VERL_USE_EXTERNAL_MODULES": "dapo.backends.verl_loss"}
+env_vars = {**preset.placement.env, "VERL_USE_EXTERNAL_MODULES": "dapo.backends.verl.loss"}
 ray.init(runtime_env={"env_vars": env_vars})
 
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from dapo import reference
+from dapo.reference import translate as reference
 from dapo.config import list_presets, load_preset
 from dapo.k8s import ValuesError, versions
 from k8s_support import (
@@ -102,7 +102,7 @@ def test_reference_entrypoint_passes_the_reference_scripts_arguments_key_by_key(
     # keys the scripts leave at the commit's defaults: not passed, so the reference's default applies
     assert not (set(args) - retention) & set(FIDELITY.REFERENCE_DEFAULTS)
     # the command: the recipe module under the driver-log wrapper, logs beside the checkpoints on the shared volume
-    assert command == ["python3", "-m", "dapo.attempt_log", "--log-dir", args["trainer.default_local_dir"] + "/logs",
+    assert command == ["python3", "-m", "dapo.reference.attempt_log", "--log-dir", args["trainer.default_local_dir"] + "/logs",
                        "--", "python3", "-m", "recipe.dapo.src.main_dapo"]
     assert args["trainer.default_local_dir"].startswith("/shared/")
     # recipe/dapo/runtime_env.yaml (the scripts' --runtime-env)
@@ -126,7 +126,7 @@ def test_reference_entrypoint_passes_the_reference_scripts_arguments_key_by_key(
 
 
 def test_reference_defaults_agree_with_the_fidelity_transcription():
-    """dapo.reference's defaults of 4f80e46 (written only when a preset differs) match the independent
+    """dapo.reference.translate's defaults of 4f80e46 (written only when a preset differs) match the independent
     transcription of dapo_trainer.yaml in scripts/gen_fidelity.py where both have the key."""
     shared = set(reference.REFERENCE_DEFAULTS) & set(FIDELITY.REFERENCE_DEFAULTS)
     assert shared >= {"data.shuffle", "data.seed", "actor_rollout_ref.actor.ppo_epochs", "trainer.total_training_steps"}
@@ -257,7 +257,7 @@ def test_entrypoint_survives_the_submitter_and_job_supervisor_shells(tmp_path):
 
 def test_attempt_log_tees_each_attempt_to_its_own_file_and_returns_the_status(tmp_path):
     logs = tmp_path / "ckpt" / "logs"
-    cmd = [sys.executable, "-m", "dapo.attempt_log", "--log-dir", str(logs), "--", sys.executable, "-c",
+    cmd = [sys.executable, "-m", "dapo.reference.attempt_log", "--log-dir", str(logs), "--", sys.executable, "-c",
            "import os, sys; print('out', os.getcwd()); print('err', file=sys.stderr); sys.exit(3)"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -267,7 +267,7 @@ def test_attempt_log_tees_each_attempt_to_its_own_file_and_returns_the_status(tm
     text = (logs / "attempt-2.log").read_text()
     assert f"out {logs}" in text and "err" in text and "attempt 2 exited with status 3" in text
     assert text == second.stdout  # the console gets exactly what the file holds
-    missing = subprocess.run([sys.executable, "-m", "dapo.attempt_log", "--log-dir", str(logs), "--",
+    missing = subprocess.run([sys.executable, "-m", "dapo.reference.attempt_log", "--log-dir", str(logs), "--",
                               str(tmp_path / "nope")], capture_output=True, text=True, env=env)
     assert missing.returncode == 127 and "cannot start" in (logs / "attempt-3.log").read_text()
 

@@ -33,10 +33,10 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from dapo.checkpoint import complete_steps
+from dapo.train.checkpoint import complete_steps
 from dapo.config import load_preset
-from dapo.metrics import read_jsonl
-from dapo.train import split_overrides
+from dapo.train.metrics import read_jsonl
+from dapo.train.cli import split_overrides
 from k8s_support import by_key, helm_objects, set_files, user_values
 from kuberay_loopback import (
     TERMINAL,

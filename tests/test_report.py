@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from dapo.metrics import MetricsLogger, format_step_line, read_jsonl, truncate_jsonl
-from dapo.report import main as report_main
+from dapo.train.metrics import MetricsLogger, format_step_line, read_jsonl, truncate_jsonl
+from dapo.train.report import main as report_main
 
 
 def _write_run(run_dir, steps=5):

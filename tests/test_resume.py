@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from dapo.checkpoint import complete_steps
-from dapo.metrics import read_jsonl
+from dapo.train.checkpoint import complete_steps
+from dapo.train.metrics import read_jsonl
 from loop_support import SMALL_TINY
 
 STEPS = 6

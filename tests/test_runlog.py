@@ -1,4 +1,4 @@
-"""Each attempt's driver log on the run volume (dapo.runlog): next free number, never overwritten, stdout and stderr
+"""Each attempt's driver log on the run volume (dapo.train.runlog): next free number, never overwritten, stdout and stderr
 (Python, native writes, child processes) both in the file and still on the console, the path on the first line."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from dapo.runlog import attempt_numbers, create_attempt_file
+from dapo.train.runlog import attempt_numbers, create_attempt_file
 
 SCRIPT = textwrap.dedent("""
     import os, subprocess, sys
-    from dapo.runlog import AttemptLog
+    from dapo.train.runlog import AttemptLog
 
     with AttemptLog(sys.argv[1], header="test") as log:
         print("py-stdout-line")
@@ -91,7 +91,7 @@ def test_concurrent_attempts_get_distinct_numbers(tmp_path):
 
 
 def test_a_traceback_reaches_the_file_and_the_exit_code_is_1(tmp_path):
-    script = ("import sys\nfrom dapo.runlog import AttemptLog\nwith AttemptLog(sys.argv[1]):\n"
+    script = ("import sys\nfrom dapo.train.runlog import AttemptLog\nwith AttemptLog(sys.argv[1]):\n"
               "    raise RuntimeError('boom-in-the-loop')\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env,
@@ -104,7 +104,7 @@ def test_a_traceback_reaches_the_file_and_the_exit_code_is_1(tmp_path):
 
 @pytest.mark.parametrize("argv", [["--dry-run"], ["--no-attempt-log", "--dry-run"]])
 def test_dry_run_writes_no_attempt_log(tmp_path, argv, capsys):
-    from dapo.train import main
+    from dapo.train.cli import main
 
     assert main(["--preset", "tiny", "--run-dir", str(tmp_path / "run"), *argv]) == 0
     assert not (tmp_path / "run" / "logs").exists()
@@ -126,7 +126,7 @@ def test_dapo_train_writes_the_attempt_log_under_the_run_dir(tmp_path):
 
 def test_verl_run_dir_resolves_the_trainer_references():
     from dapo.config import load_preset
-    from dapo.train import build_parser, run_dir_of
+    from dapo.train.cli import build_parser, run_dir_of
 
     args = build_parser().parse_args(["--preset", "full"])
     assert run_dir_of(load_preset("full"), args) == Path("/shared/checkpoints/DAPO-verl/DAPO-Qwen2.5-32B")
@@ -136,8 +136,8 @@ LOOP_UNDER_A_TTY = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[2])
     from dapo.config import load_preset
-    from dapo.loop import DAPOLoop
-    from dapo.runlog import AttemptLog
+    from dapo.train.loop import DAPOLoop
+    from dapo.train.runlog import AttemptLog
     from loop_support import ScriptedBackend, make_rows
 
     preset = load_preset("tiny", ["recipe.data.train_batch_size=2", "recipe.data.gen_batch_size=4",

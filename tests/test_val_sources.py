@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from dapo import benchmarks
-from dapo.backends.local import _read_rows
+from dapo.data import benchmarks
+from dapo.backends.local.backend import _read_rows
 from dapo.config import load_preset
-from dapo.data import write_rows
-from dapo.loop import DAPOLoop
+from dapo.data.prepare import write_rows
+from dapo.train.loop import DAPOLoop
 from loop_support import ScriptedBackend, make_rows
 
 BASE = [
@@ -96,8 +96,8 @@ def test_verl_backend_validates_each_data_source_with_verls_own_reward_loop_agre
     pytest.importorskip("verl")
     from test_verl_backend import SMALL, CharTokenizer, CpuStandInWorkers, _rows
 
-    from dapo import verl_config
-    from dapo.backends.verl import VerlBackend
+    from dapo.backends.verl import config as verl_config
+    from dapo.backends.verl.backend import VerlBackend
 
     preset = load_preset("smoke", SMALL)
     cfg = verl_config.resolve(preset).cfg

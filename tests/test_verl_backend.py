@@ -5,7 +5,7 @@ repeat/union/index/concat, verl's seq-length balancing, verl's DAPO reward manag
 placement), verl's actor config dataclass and policy-loss registry (the stand-in's update runs our registered loss
 through them), our sampler and loop.
 
-What is a STAND-IN: :class:`CpuStandInWorkers` replaces the GPU side, ``dapo.backends.verl.RayWorkers`` (FSDP actor +
+What is a STAND-IN: :class:`CpuStandInWorkers` replaces the GPU side, ``dapo.backends.verl.backend.RayWorkers`` (FSDP actor +
 vLLM replicas on Ray, which cannot run without GPUs). It has no model: responses come from a fixed script per
 prompt group, log-probs from a fixed formula; it records every call so the tests can check what the backend would
 send to the GPUs. A character-level tokenizer stands in for the model's tokenizer.
@@ -28,10 +28,10 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn  # noqa: E402
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 from verl.workers.reward_manager.dapo import DAPORewardManager  # noqa: E402
 
-import dapo.backends.verl_loss  # noqa: E402,F401  (registers loss_mode=dapo, as VERL_USE_EXTERNAL_MODULES does on workers)
-from dapo import verl_config  # noqa: E402
+import dapo.backends.verl.loss  # noqa: E402,F401  (registers loss_mode=dapo, as VERL_USE_EXTERNAL_MODULES does on workers)
+from dapo.backends.verl import config as verl_config  # noqa: E402
 from dapo.backends.base import Sampling  # noqa: E402
-from dapo.backends.verl import VerlBackend, balance_order  # noqa: E402
+from dapo.backends.verl.backend import VerlBackend, balance_order  # noqa: E402
 from dapo.config import ConfigError, load_preset  # noqa: E402
 from dapo.sampler import DynamicSampler  # noqa: E402
 
@@ -245,7 +245,7 @@ def test_generate_returns_verl_batch_with_contiguous_uid_groups_and_response_mas
 
 def _score(preset, backend, r, tmp_path):
     """The loop's one scoring pass (DAPOLoop.score), which attaches the scores to the rollout."""
-    from dapo.loop import DAPOLoop
+    from dapo.train.loop import DAPOLoop
 
     return DAPOLoop(preset, backend, _rows(8), [], tmp_path, progress=False, log=lambda m: None).score(r)
 
@@ -383,7 +383,7 @@ def test_bad_prompt_rows_name_the_row_and_column(backend, setup):
 
 
 def test_the_dapo_loop_runs_and_resumes_on_the_verl_backend_over_the_stand_in(setup, tmp_path):
-    from dapo.loop import DAPOLoop
+    from dapo.train.loop import DAPOLoop
 
     preset, cfg = setup
     tok = CharTokenizer()
@@ -420,8 +420,8 @@ def test_the_dapo_loop_runs_and_resumes_on_the_verl_backend_over_the_stand_in(se
 
 
 def test_a_resumed_run_seeds_the_rollout_engines_by_the_resume_step(setup, tmp_path):
-    from dapo import checkpoint as ckpt
-    from dapo.backends.verl import reseed_rollout_for_resume, resume_step
+    from dapo.train import checkpoint as ckpt
+    from dapo.backends.verl.backend import reseed_rollout_for_resume, resume_step
 
     preset, cfg = setup
     assert resume_step(preset, str(tmp_path)) == 0  # nothing to resume
@@ -440,7 +440,7 @@ def test_greedy_validation_reaches_the_agent_loop_as_temperature_zero(tmp_path):
     assert cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 0.0
     tok = CharTokenizer()
     backend = VerlBackend(cfg, preset, CpuStandInWorkers(cfg, tok), tok)
-    from dapo.loop import DAPOLoop
+    from dapo.train.loop import DAPOLoop
 
     loop = DAPOLoop(preset, backend, _rows(8), _rows(2), tmp_path, progress=False, log=lambda m: None)
     backend.generate(_rows(2), loop.val_sampling)  # the loop's rollout.val sampling: do_sample false
@@ -448,11 +448,11 @@ def test_greedy_validation_reaches_the_agent_loop_as_temperature_zero(tmp_path):
 
 
 def test_loop_memory_model_counts_the_bytes_of_a_generation_batch_row(backend, setup):
-    """dapo.sizing.row_bytes (what `dapo plan` sizes the loop with) against the tensors a generation batch really
+    """dapo.plan.memory.row_bytes (what `dapo plan` sizes the loop with) against the tensors a generation batch really
     holds in the loop: the agent-loop output keys (stand-in shaped like verl 0.9.1's AgentLoopWorker._postprocess:
     int64 prompts, responses, response_mask, input_ids, attention_mask, position_ids; fp32 rollout_log_probs,
     rm_scores) plus whatever VerlBackend adds."""
-    from dapo.sizing import row_bytes
+    from dapo.plan.memory import row_bytes
 
     preset, cfg = setup
     r = backend.generate(_rows(3), _train_sampling(preset), group_ids=[20, 21, 22])

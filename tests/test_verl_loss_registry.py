@@ -17,7 +17,7 @@ pytest.importorskip("verl")
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.workers.config import FSDPActorConfig  # noqa: E402
 
-import dapo.backends.verl_loss as verl_loss  # noqa: E402
+import dapo.backends.verl.loss as verl_loss  # noqa: E402
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
@@ -123,7 +123,7 @@ def test_registering_never_overwrites_a_different_loss_of_the_same_name():
 
 def test_a_fresh_process_sees_the_loss_through_VERL_USE_EXTERNAL_MODULES():
     """What a Ray worker does: `import verl` with the runtime env our config sets, nothing else imported."""
-    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="dapo.backends.verl_loss", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="dapo.backends.verl.loss", PYTHONPATH=str(ROOT))
     code = (
         "import verl\n"
         "from verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
@@ -131,4 +131,4 @@ def test_a_fresh_process_sees_the_loss_through_VERL_USE_EXTERNAL_MODULES():
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["dapo.backends.verl_loss", "dapo_policy_loss_microbatch"]
+    assert out.stdout.split() == ["dapo.backends.verl.loss", "dapo_policy_loss_microbatch"]

@@ -13,8 +13,8 @@ Objects (K = fullname):
   TRAIN_ENTRYPOINT_NUM_CPUS`` makes Ray start the job driver -- the DAPO loop -- on a worker: the head has
   ``num-cpus: 0``, so the driver's CPU cannot be found there (without entrypoint resources Ray runs a driver on the
   head whatever the head's resources).
-  With ``train.runner: reference``: the upstream DAPO recipe of verl 4f80e46 (:mod:`dapo.reference`) on the reproduction
-  image, ``python3 -m dapo.attempt_log --log-dir <ckpt>/logs -- python3 -m recipe.dapo.src.main_dapo <args>``.
+  With ``train.runner: reference``: the upstream DAPO recipe of verl 4f80e46 (:mod:`dapo.reference.translate`) on the reproduction
+  image, ``python3 -m dapo.reference.attempt_log --log-dir <ckpt>/logs -- python3 -m recipe.dapo.src.main_dapo <args>``.
 - RayJob ``K-eval`` (``eval.enabled``): ``dapo eval run --checkpoint-dir ... --step ... --test-file ... --output ...``.
 - PodDisruptionBudget ``K-train`` (``disruption.podDisruptionBudget``): maxUnavailable 0 over the training pods.
 - helm test pods (:meth:`Chart.test_pods`, not in :meth:`Chart.objects`): ``K-test-shared``, ``K-test-gpu``.
@@ -232,7 +232,7 @@ class Chart:
             res = {"cpu": "1", "memory": "8Gi", "nvidia.com/gpu": str(gpus)}
             spec["containers"] = [{
                 "name": "gpu", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
-                "command": ["python", "-m", "dapo.gpu_check", "--min-driver", str(int(w.get("minDriver") or 0)),
+                "command": ["python", "-m", "dapo.train.gpu_check", "--min-driver", str(int(w.get("minDriver") or 0)),
                             "--gpus", str(gpus), "--torch"],
                 "resources": {"requests": dict(res), "limits": dict(res)},
             }]
@@ -282,7 +282,7 @@ class Chart:
         """``train.runner: reference``: the preset as the reference recipe's arguments, the placement and the
         overrides (Hydra overrides in 4f80e46's key names) replacing generated keys in place."""
         from dapo.config import load_preset
-        from dapo.reference import ReferenceError, apply_overrides, check_override, translate
+        from dapo.reference.translate import ReferenceError, apply_overrides, check_override, translate
 
         try:
             args = translate(load_preset(self.v["preset"])).texts()
@@ -316,7 +316,7 @@ class Chart:
         image, ray_version = f"{v['image']['repository']}:{v['image']['tag']}", v["rayVersion"]
         entrypoint = None
         if v["train"]["runner"] == "reference":
-            from dapo.reference import entrypoint as reference_entrypoint
+            from dapo.reference.translate import entrypoint as reference_entrypoint
 
             ref = v["train"]["reference"]
             image, ray_version = f"{ref['image']['repository']}:{ref['image']['tag']}", ref["rayVersion"]
@@ -423,7 +423,7 @@ class Chart:
         lifecycle: dict[str, Any] = {}
         min_driver = int(self.v["worker"].get("minDriver") or 0)
         if gpu_check and min_driver > 0:
-            lifecycle["postStart"] = {"exec": {"command": ["python", "-m", "dapo.gpu_check", "--min-driver",
+            lifecycle["postStart"] = {"exec": {"command": ["python", "-m", "dapo.train.gpu_check", "--min-driver",
                                                            str(min_driver)]}}
         lifecycle["preStop"] = {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}
         out: dict[str, Any] = {"lifecycle": lifecycle}

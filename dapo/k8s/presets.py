@@ -98,7 +98,7 @@ def merged_preset(name: str, preset_dir: Path = PRESET_DIR) -> dict[str, Any]:
     return merged
 
 
-PRESET_ROOTS = ("recipe", "placement", "local", "name", "description", "target_aime")  # = dapo.train.PRESET_ROOTS
+PRESET_ROOTS = ("recipe", "placement", "local", "name", "description", "target_aime")  # = dapo.train.cli.PRESET_ROOTS
 HUB_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 

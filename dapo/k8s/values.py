@@ -281,7 +281,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
             raise ValuesError(f"{key}: {q(path)} is not under storage.mountPath {q(mount)} (it would not survive the pod)")
 
     if v["train"]["enabled"] and not v["storage"]["existingClaim"]:
-        from dapo import sizing
+        from dapo.plan import memory as sizing
         from dapo.config import load_preset
 
         need = sizing.storage(load_preset(v["preset"]))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from dapo.fsutil import atomic_dir
+from dapo.util.fsutil import atomic_dir
 
 ASSETS_VERSION = 1
 

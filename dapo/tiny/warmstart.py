@@ -35,7 +35,7 @@ def sft(
 ) -> dict:
     """Train ``model`` in place; returns {"loss": final smoothed loss, "seconds": wall, "steps": steps}.
 
-    The prompt template shared by every row is computed once per batch (:func:`dapo.lm_forward.prompt_forward`).
+    The prompt template shared by every row is computed once per batch (:func:`dapo.util.lm_forward.prompt_forward`).
     """
     from dapo.tiny.task import dapo_prompt, sft_response
 
@@ -63,7 +63,7 @@ def sft(
         progress = (step - warm) / max(1, steps - warm)
         return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
-    from dapo.lm_forward import left_pad, prompt_forward
+    from dapo.util.lm_forward import left_pad, prompt_forward
 
     model.train()
     t0 = time.time()

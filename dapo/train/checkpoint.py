@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from dapo.fsutil import fsync_dir
+from dapo.util.fsutil import fsync_dir
 
 POINTER = "latest_checkpointed_iteration.txt"
 TRASH_PREFIX = ".trash-"

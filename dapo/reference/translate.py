@@ -402,8 +402,8 @@ def log_dir(args: list[str]) -> str:
 
 
 def entrypoint(args: list[str]) -> str:
-    """The RayJob entrypoint: the recipe under :mod:`dapo.attempt_log` (driver log on the shared volume)."""
-    return " ".join(["python3", "-m", "dapo.attempt_log", "--log-dir", log_dir(args), "--", "python3", "-m", MODULE]
+    """The RayJob entrypoint: the recipe under :mod:`dapo.reference.attempt_log` (driver log on the shared volume)."""
+    return " ".join(["python3", "-m", "dapo.reference.attempt_log", "--log-dir", log_dir(args), "--", "python3", "-m", MODULE]
                     + args)
 
 
@@ -425,7 +425,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         preset = load_preset(args.preset, args.overrides)
         t = translate(preset)
     except ConfigError as exc:
-        print(f"dapo.reference: {exc}", file=sys.stderr)
+        print(f"dapo.reference.translate: {exc}", file=sys.stderr)
         return 2
     print(f"# verl {REFERENCE_COMMIT}, preset {preset.name}; runtime env: "
           + json.dumps({"env_vars": runtime_env(preset)}))

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from dapo.runlog import ATTEMPT_RE
+from dapo.train.runlog import ATTEMPT_RE
 
 _VALUE = r"-?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf)"
 LINE_RE = re.compile(rf"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:{_VALUE})+)\s*$")

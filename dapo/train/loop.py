@@ -1,7 +1,7 @@
 """The one DAPO training loop (paper arXiv 2503.14476, Algorithm 1), framework-free.
 
-It drives any :class:`dapo.backends.base.Backend` -- :mod:`dapo.backends.local` (one process, CPU or one GPU) and
-:mod:`dapo.backends.verl` (verl worker groups on Ray) run this same code. One rollout step::
+It drives any :class:`dapo.backends.base.Backend` -- :mod:`dapo.backends.local.backend` (one process, CPU or one GPU) and
+:mod:`dapo.backends.verl.backend` (verl worker groups on Ray) run this same code. One rollout step::
 
     repeat                                                     # dynamic sampling (eq. 11), DynamicSampler
         prompts <- next gen_batch_size rows of the training data   (DAPO-Math-17k schema; epochs, shuffled by seed)
@@ -13,10 +13,10 @@ It drives any :class:`dapo.backends.base.Backend` -- :mod:`dapo.backends.local` 
     log pi_old recomputed for the batch                           backend.compute_old_log_probs
     ppo_epochs x mini-batches of the DAPO loss (eq. 10, 12)       backend.update (dapo.loss.policy_loss)
 
-then metrics (:mod:`dapo.metrics`), validation every ``test_freq`` steps (avg@k over the validation split with
+then metrics (:mod:`dapo.train.metrics`), validation every ``test_freq`` steps (avg@k over the validation split with
 ``rollout.val`` sampling; also before training with ``val_before_train``), a checkpoint every ``save_freq`` steps
-(:mod:`dapo.checkpoint`, atomic), the health guards (:mod:`dapo.health`), and at the end a summary (validation
-accuracy before -> after RL) and the health plot (:mod:`dapo.report`). ``total_training_steps`` (or epochs x
+(:mod:`dapo.train.checkpoint`, atomic), the health guards (:mod:`dapo.train.health`), and at the end a summary (validation
+accuracy before -> after RL) and the health plot (:mod:`dapo.train.report`). ``total_training_steps`` (or epochs x
 generation batches per epoch) bounds the run; ``resume_mode: auto`` continues from the newest complete checkpoint
 with the same data order, sampler state and RNG states, so an interrupted run ends exactly where an uninterrupted one
 would (on CPU; see docs/tiny.md).
@@ -39,13 +39,13 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from dapo import checkpoint as ckpt
-from dapo import runlog
+from dapo.train import checkpoint as ckpt
+from dapo.train import runlog
 from dapo.advantage import group_advantages
 from dapo.backends.base import Backend, Rollout, Sampling
-from dapo.generations import dump_generations, pick_val_generations, prompt_text
-from dapo.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED, HealthGuard
-from dapo.metrics import MetricsLogger, format_step_line, read_jsonl, truncate_jsonl, val_acc_key, val_accuracy
+from dapo.train.generations import dump_generations, pick_val_generations, prompt_text
+from dapo.train.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED, HealthGuard
+from dapo.train.metrics import MetricsLogger, format_step_line, read_jsonl, truncate_jsonl, val_acc_key, val_accuracy
 from dapo.reward import score_responses
 from dapo.sampler import DynamicSampler, DynamicSamplingError
 
@@ -304,7 +304,7 @@ class DAPOLoop:
         timing["update_actor"] += t2 - t1
         self._dump(r.trainer.rollout_data_dir, batch, scores, step)
 
-        # -- metrics (verl names, dapo.metrics.METRICS) --
+        # -- metrics (verl names, dapo.train.metrics.METRICS) --
         lengths = np.asarray(batch.response_length, dtype=np.float64)
         max_len = r.data.max_response_length
         metrics.update(_stats("critic/score", scores["reward"]))
@@ -446,7 +446,7 @@ class DAPOLoop:
         return freq > 0 and (step % freq == 0 or step == self.total_steps)
 
     def fit(self) -> int:
-        """Run to ``total_steps`` (or a health stop); returns the exit code (0, or :mod:`dapo.health`'s codes)."""
+        """Run to ``total_steps`` (or a health stop); returns the exit code (0, or :mod:`dapo.train.health`'s codes)."""
         t = self.recipe.trainer
         resumed = self._resume_or_start()
         logger = MetricsLogger(
@@ -588,7 +588,7 @@ class DAPOLoop:
         self.log(f"time: wall {s['wall_seconds_this_process']:.0f}s, CPU {s['cpu_seconds_this_process']:.0f}s "
                  f"(this process) | metrics {self.run_dir / 'metrics.jsonl'}")
         try:
-            from dapo.report import plot_run
+            from dapo.train.report import plot_run
 
             png = plot_run(self.run_dir)
             self.log(f"health plots: {png}")

@@ -1,6 +1,6 @@
 """Parquet facts that need no schema: a file's row count, and the error every data module raises.
 
-It sits below :mod:`dapo.data` (which re-exports both names) and :mod:`dapo.plan` (which counts a training file's
+It sits below :mod:`dapo.data.prepare` (which re-exports both names) and :mod:`dapo.plan.estimate` (which counts a training file's
 rows), so the planner does not import data preparation.
 """
 

@@ -7,10 +7,10 @@
     BytedTsinghua-SIA/AIME-2024      data/aime-2024.parquet      ->  OUT/aime-2024.parquet
 
 then builds the evaluation benchmarks AIME-2025 (``aime-2025.parquet``, 30 x 32) and MATH-500 (``math-500.parquet``,
-500 x 4) from their hub datasets in the same schema and prompt template (:mod:`dapo.benchmarks`; ``--benchmarks``),
+500 x 4) from their hub datasets in the same schema and prompt template (:mod:`dapo.data.benchmarks`; ``--benchmarks``),
 validates every row, reports unique vs total prompts (the hub training file is ~17.9k problems, each repeated ~100
 times: 1,791,700 rows), optionally writes a de-duplicated training file (``dapo-math-17k-dedup.parquet``) and prints
-what one epoch over each file means in rollout and gradient steps for the presets (see ``dapo.plan``).
+what one epoch over each file means in rollout and gradient steps for the presets (see ``dapo.plan.estimate``).
 
 The DAPO row schema (what verl's RLHFDataset and the DAPO reward manager read)::
 
@@ -49,8 +49,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dapo.fsutil import atomic_write, atomic_write_text, temp_beside
-from dapo.parquet import DataError, parquet_rows  # noqa: F401 (both also imported from here)
+from dapo.util.fsutil import atomic_write, atomic_write_text, temp_beside
+from dapo.data.parquet import DataError, parquet_rows  # noqa: F401 (both also imported from here)
 
 # --------------------------------------------------------------------------------------------------------------------
 # Where the data lives
@@ -70,7 +70,7 @@ MANIFEST = "manifest.json"
 # AIME-2024 as DAPO evaluates it: 30 problems, each repeated 32 times, so one sample per row gives avg@32.
 AIME_PROBLEMS = 30
 AIME_REPEATS = 32
-# evaluation benchmarks `prepare` builds beside the two release files (dapo.benchmarks)
+# evaluation benchmarks `prepare` builds beside the two release files (dapo.data.benchmarks)
 EXTRA_BENCHMARKS = ("aime25", "math500")
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
@@ -737,7 +737,7 @@ def _benchmark_sources(bench, spec: str, source_dir: Optional[str],
                        revision: Optional[str]) -> list[tuple[Source, str]]:
     """The raw problem file(s) of ``bench`` as (source, file name): a local file, a local copy of a dataset
     repository, or a known hub dataset's files (from the ``--source`` mirror or the hub)."""
-    from dapo.benchmarks import KNOWN_SOURCES
+    from dapo.data.benchmarks import KNOWN_SOURCES
 
     if spec.startswith("file://"):
         spec = spec[len("file://"):]
@@ -757,7 +757,7 @@ def _benchmark_sources(bench, spec: str, source_dir: Optional[str],
 def _fetch_benchmark(out: Path, bench, spec: str, manifest: dict[str, Any], *, source_dir: Optional[str],
                      revision: Optional[str], force: bool, log: Callable[[str], None]) -> FileReport:
     """Raw problems -> ``out/<bench.file>`` in the DAPO schema and prompt template, checked as N problems x k."""
-    from dapo.benchmarks import BenchmarkError, write_benchmark
+    from dapo.data.benchmarks import BenchmarkError, write_benchmark
 
     target = out / bench.file
     entry = manifest["files"].get(bench.file)
@@ -810,7 +810,7 @@ def prepare(out: str | os.PathLike, *, dedup: bool = False, train_repo: str = TR
             benchmarks: Iterable[str] = EXTRA_BENCHMARKS,
             benchmark_repos: Optional[dict[str, str]] = None) -> PrepareResult:
     """Fetch + validate the training and AIME files into ``out``, then build the extra evaluation ``benchmarks``
-    (AIME-2025, MATH-500; :mod:`dapo.benchmarks`) from ``benchmark_repos`` (name -> hub id or file; default the
+    (AIME-2025, MATH-500; :mod:`dapo.data.benchmarks`) from ``benchmark_repos`` (name -> hub id or file; default the
     benchmark's hub dataset). Idempotent; see the module docstring."""
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -822,7 +822,7 @@ def prepare(out: str | os.PathLike, *, dedup: bool = False, train_repo: str = TR
     result = PrepareResult(out_dir, train, val)
     if dedup:
         result.dedup = _write_dedup(out_dir, train, manifest, force=force, log=log)
-    from dapo.benchmarks import get as get_benchmark
+    from dapo.data.benchmarks import get as get_benchmark
 
     for name in benchmarks:
         bench = get_benchmark(name)
@@ -836,14 +836,14 @@ def prepare(out: str | os.PathLike, *, dedup: bool = False, train_repo: str = TR
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Step semantics for the presets (numbers from dapo.plan, the single place that computes them)
+# Step semantics for the presets (numbers from dapo.plan.estimate, the single place that computes them)
 # --------------------------------------------------------------------------------------------------------------------
 
 
 def epochs_table(files: dict[str, int], presets: Iterable[str]) -> str:
     """What one epoch over each file means for each preset: generation rounds, rollout and gradient steps."""
     from dapo.config import load_preset
-    from dapo.plan import PAPER_ROLLOUT_STEPS, step_semantics
+    from dapo.plan.estimate import PAPER_ROLLOUT_STEPS, step_semantics
 
     header = ("preset", "file", "rows", "gen rounds/epoch", "rollout steps/epoch", "gradient steps/epoch",
               f"epochs for {PAPER_ROLLOUT_STEPS} rollout steps (paper)")
@@ -903,7 +903,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.cmd == "check":
             layout, title = (parse_layout(args.layout), "the file") if args.layout else (None, "the benchmark")
             if args.benchmark:
-                from dapo.benchmarks import BenchmarkError, get as get_benchmark
+                from dapo.data.benchmarks import BenchmarkError, get as get_benchmark
 
                 try:
                     b = get_benchmark(args.benchmark)
@@ -913,7 +913,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             report = check_file(args.file, aime=args.aime, layout=layout, title=title)
             print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
             return 0 if report.ok else 1
-        from dapo.benchmarks import BenchmarkError, parse_list
+        from dapo.data.benchmarks import BenchmarkError, parse_list
 
         try:
             benches = [b.name for b, _ in parse_list(args.benchmarks)] if args.benchmarks.strip() else []

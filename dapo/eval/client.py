@@ -5,7 +5,7 @@ Semantics follow the DAPO repository's ``eval/eval_aime24.py``: every parquet ro
 ``/v1/chat/completions`` request whose ``messages`` are the row's ``prompt`` chat list, sampled with
 ``temperature=1.0, top_p=0.7, max_completion_tokens=20480``; the answer is verified with
 ``dapo.reward.compute_score(answer, reward_model.ground_truth)`` and ``acc/mean@32`` is the mean ``acc`` over all
-rows (see :mod:`dapo.eval_metrics`).
+rows (see :mod:`dapo.eval.metrics`).
 
 Nothing is lost: every answer is appended to ``<output>/responses.jsonl`` as soon as it arrives (one JSON line,
 flushed and fsync'd), keyed by the row index. A rerun with the same ``--output`` reads that file and sends only the
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from dapo.fsutil import fsync_dir
+from dapo.util.fsutil import fsync_dir
 
 log = logging.getLogger("dapo.eval")
 
@@ -545,10 +545,10 @@ def summarize(
     benchmark: Optional[Any] = None,
 ) -> dict:
     """Verify every answer, write ``results.parquet`` (the test rows + ``output`` + ``res`` like the DAPO script, plus
-    per-row columns) and ``summary.json``; return the summary. ``benchmark`` (:class:`dapo.benchmarks.Benchmark`)
+    per-row columns) and ``summary.json``; return the summary. ``benchmark`` (:class:`dapo.data.benchmarks.Benchmark`)
     chooses the scorers: ``metrics`` is always the DAPO verifier's; ``metrics_by_scorer`` adds math-verify's where the
     benchmark asks for it, and ``score`` is 100 x avg@k of the scorer comparable with published figures."""
-    from dapo.eval_metrics import ScoredAnswer, aime_metrics, length_stats, per_problem
+    from dapo.eval.metrics import ScoredAnswer, aime_metrics, length_stats, per_problem
 
     scorers = tuple(benchmark.scorers) if benchmark is not None else ("dapo",)
     scored = score_records(rows, records, scorers)

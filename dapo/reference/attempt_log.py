@@ -1,6 +1,6 @@
 """Run a command with its output teed to ``<log-dir>/attempt-<N>.log`` (the driver log of one RayJob attempt).
 
-    python3 -m dapo.attempt_log --log-dir /shared/ckpts/EXP/logs -- python3 -m recipe.dapo.src.main_dapo ...
+    python3 -m dapo.reference.attempt_log --log-dir /shared/ckpts/EXP/logs -- python3 -m recipe.dapo.src.main_dapo ...
 
 The training RayJob of the reference runner wraps the upstream recipe with this, so each attempt (a KubeRay retry
 builds a new cluster and resumes from the latest checkpoint) leaves its full driver log on the shared volume, beside
@@ -23,12 +23,12 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, Optional
 
-from dapo.runlog import create_attempt_file
+from dapo.train.runlog import create_attempt_file
 
 
 
 def open_next_attempt(log_dir: Path) -> tuple[int, BinaryIO]:
-    """Create the next ``attempt-N.log`` exclusively (numbering of :func:`dapo.runlog.create_attempt_file`)."""
+    """Create the next ``attempt-N.log`` exclusively (numbering of :func:`dapo.train.runlog.create_attempt_file`)."""
     n, _path, fd = create_attempt_file(log_dir)
     return n, os.fdopen(fd, "ab")
 
@@ -81,14 +81,14 @@ def run(cmd: list[str], log_dir: Path, cwd: Optional[Path] = None, out: Optional
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dapo.attempt_log", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m dapo.reference.attempt_log", description=__doc__.splitlines()[0])
     ap.add_argument("--log-dir", required=True, type=Path, help="directory of the attempt-N.log files")
     ap.add_argument("--cwd", type=Path, default=None, help="working directory of the command (default: --log-dir)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command and its arguments")
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
-        ap.error("no command given (python -m dapo.attempt_log --log-dir DIR -- CMD ...)")
+        ap.error("no command given (python -m dapo.reference.attempt_log --log-dir DIR -- CMD ...)")
     return run(cmd, args.log_dir, args.cwd)
 
 

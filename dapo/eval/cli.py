@@ -11,8 +11,8 @@ Subcommands:
   ``dapo eval run --checkpoint-dir <dir> --step latest --test-file <parquet> --output <dir>
   [--tensor-parallel-size N ...]``.
 
-Metric semantics: :mod:`dapo.eval_metrics`; client and output files: :mod:`dapo.eval_client`; serving:
-:mod:`dapo.eval_serve`; export: :mod:`dapo.export`. Exit status: 0 complete, 1 incomplete or failed, 2 bad usage.
+Metric semantics: :mod:`dapo.eval.metrics`; client and output files: :mod:`dapo.eval.client`; serving:
+:mod:`dapo.eval.serve`; export: :mod:`dapo.eval.export`. Exit status: 0 complete, 1 incomplete or failed, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ def _apply_defaults(args: argparse.Namespace, defaults: dict[str, Any]) -> None:
 
 
 def _run_parser(sub) -> None:
-    from dapo.eval_serve import add_serve_args
-    from dapo.export import DTYPES
+    from dapo.eval.serve import add_serve_args
+    from dapo.eval.export import DTYPES
 
     p = sub.add_parser(
         "run",
@@ -122,9 +122,9 @@ def _run_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dapo.eval_client import add_client_args
-    from dapo.eval_serve import add_serve_args
-    from dapo.export import add_export_args
+    from dapo.eval.client import add_client_args
+    from dapo.eval.serve import add_serve_args
+    from dapo.eval.export import add_export_args
 
     parser = argparse.ArgumentParser(prog="dapo eval", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -140,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def score_main(args: argparse.Namespace) -> int:
     """Rescore every output directory at or below ``args.output``; rebuild ``results.csv`` of a run output."""
-    from dapo import eval_client, eval_results
-    from dapo.benchmarks import BENCHMARKS
+    from dapo.eval import client as eval_client
+    from dapo.eval import results as eval_results
+    from dapo.data.benchmarks import BENCHMARKS
 
     base = Path(args.output)
     dirs = sorted({p.parent for p in base.rglob(eval_client.RUN_META)})
@@ -200,7 +201,7 @@ class _Task:
 
 def _tasks(args: argparse.Namespace) -> list[_Task]:
     """``--benchmarks`` (files under ``--data-dir``, or ``name=path``) or the single ``--test-file``."""
-    from dapo.benchmarks import parse_list
+    from dapo.data.benchmarks import parse_list
 
     if not args.benchmarks:
         return [_Task("test_file", Path(args.test_file), "", None)]
@@ -226,7 +227,7 @@ def _done(out_dir: Path) -> bool:
 
 def _steps(args: argparse.Namespace) -> list[Any]:
     """The steps to evaluate: ``all`` = every complete checkpoint (``--stride S``: steps divisible by S), else one."""
-    from dapo.export import complete_steps
+    from dapo.eval.export import complete_steps
 
     if str(args.step) != "all":
         return [args.step]
@@ -239,9 +240,10 @@ def _steps(args: argparse.Namespace) -> list[Any]:
 def run_main(args: argparse.Namespace) -> int:
     """Export -> serve -> client (every benchmark) -> tear down, for one step or every complete checkpoint
     (``--step all``). Returns 0 when every row of every benchmark of every step has an answer."""
-    from dapo import eval_client, eval_serve
-    from dapo.benchmarks import BenchmarkError
-    from dapo.export import ExportError, export_checkpoint
+    from dapo.eval import client as eval_client
+    from dapo.eval import serve as eval_serve
+    from dapo.data.benchmarks import BenchmarkError
+    from dapo.eval.export import ExportError, export_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.preset:
@@ -389,7 +391,7 @@ def run_main(args: argparse.Namespace) -> int:
 def _write_tables(step_dir: Path, tasks: list[_Task], base: Optional[Path]) -> str:
     """Per checkpoint: ``STEP_DIR/benchmarks.json`` (one row per benchmark); across steps: ``OUTPUT/results.csv``
     rebuilt from every step's summaries (so a rerun never duplicates a row). Returns the checkpoint's text table."""
-    from dapo import eval_results
+    from dapo.eval import results as eval_results
 
     if not any(t.sub for t in tasks):
         if base is not None:
@@ -405,15 +407,15 @@ def _write_tables(step_dir: Path, tasks: list[_Task], base: Optional[Path]) -> s
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "aime":
-        from dapo.eval_client import client_main
+        from dapo.eval.client import client_main
 
         return client_main(args)
     if args.command == "serve":
-        from dapo.eval_serve import serve_main
+        from dapo.eval.serve import serve_main
 
         return serve_main(args)
     if args.command == "export":
-        from dapo.export import main_args
+        from dapo.eval.export import main_args
 
         return main_args(args)
     if args.command == "score":

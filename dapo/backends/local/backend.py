@@ -1,6 +1,6 @@
 """The local backend: one process, a HF transformers causal LM on CPU or one CUDA GPU.
 
-It implements :class:`dapo.backends.base.Backend` for :mod:`dapo.loop` (the same loop the verl backend runs on a
+It implements :class:`dapo.backends.base.Backend` for :mod:`dapo.train.loop` (the same loop the verl backend runs on a
 cluster):
 
 - ``generate``: batched sampling with a KV cache (prefill each distinct prompt once, then repeat its cache ``n`` times
@@ -43,8 +43,8 @@ import numpy as np
 import torch
 
 from dapo.backends.base import Backend, Rollout, Sampling
-from dapo.lm_forward import common_prefix_len, prompt_forward  # noqa: F401 (also imported from here)
-from dapo.lm_forward import left_pad as _left_pad
+from dapo.util.lm_forward import common_prefix_len, prompt_forward  # noqa: F401 (also imported from here)
+from dapo.util.lm_forward import left_pad as _left_pad
 from dapo.loss import agg_loss, entropy_from_logits, kl_penalty, log_probs_from_logits, masked_mean, policy_loss
 
 __all__ = ["LocalBackend", "resolve_device", "run"]
@@ -643,7 +643,7 @@ def build(preset, run_dir: Path, *, device: Optional[str] = None, assets_dir: Op
 
 def run(preset, args) -> int:
     """``dapo train`` on the local backend: build/reuse assets, then the DAPO loop. Returns the exit code."""
-    from dapo.loop import DAPOLoop, configure_determinism
+    from dapo.train.loop import DAPOLoop, configure_determinism
 
     run_dir = Path(getattr(args, "run_dir", None) or preset.recipe.trainer.default_local_dir)
     if getattr(args, "dry_run", False):

@@ -20,8 +20,8 @@ Importing this module registers two loss modes (never overwriting an existing na
   mean by its number of *sequences*, so long and short micro-batches count alike (``recipe.actor.token_mean_scope:
   microbatch`` selects it).
 
-Ray workers import this module through ``VERL_USE_EXTERNAL_MODULES=dapo.backends.verl_loss`` (verl's
-``__init__`` imports the listed modules in every process), which :mod:`dapo.verl_config` puts in the runtime env.
+Ray workers import this module through ``VERL_USE_EXTERNAL_MODULES=dapo.backends.verl.loss`` (verl's
+``__init__`` imports the listed modules in every process), which :mod:`dapo.backends.verl.config` puts in the runtime env.
 """
 
 from __future__ import annotations

@@ -88,9 +88,9 @@ def run_one(
     """Train one configuration with the local backend in this process; returns its summary (+ the val curve)."""
     import torch
 
-    from dapo.backends.local import build
+    from dapo.backends.local.backend import build
     from dapo.config import load_preset
-    from dapo.loop import DAPOLoop, configure_determinism
+    from dapo.train.loop import DAPOLoop, configure_determinism
 
     if threads:
         torch.set_num_threads(threads)
@@ -105,7 +105,7 @@ def run_one(
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     summary.update(exit_code=rc, wall_seconds=time.time() - t0, cpu_seconds=time.process_time() - c0)
     summary["counters"] = dict(getattr(backend, "counters", {}))
-    from dapo.metrics import read_jsonl, val_accuracy
+    from dapo.train.metrics import read_jsonl, val_accuracy
 
     recs = read_jsonl(run_dir / "metrics.jsonl")
     key = "train/gen_samples_total"
@@ -120,7 +120,7 @@ def run_one(
 
 def _train_acc_last(run_dir: Path, k: int) -> Optional[float]:
     """Mean of ``train/gen_acc/mean`` (all responses sampled at the training temperature) over the last k steps."""
-    from dapo.metrics import read_jsonl
+    from dapo.train.metrics import read_jsonl
 
     key = "train/gen_acc/mean"
     vals = [r[key] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get(key) is not None]
@@ -303,7 +303,7 @@ def cmd_sampler(argv: list[str]) -> int:
     p.add_argument("--keep-rates", default="0.2,0.3,0.4,0.5,0.7")
     p.add_argument("--steps", type=int, default=200)
     args = p.parse_args(argv)
-    from dapo.plan import carry_prompts_per_step
+    from dapo.plan.estimate import carry_prompts_per_step
 
     B, G = args.train_batch_size, args.gen_batch_size
     print(f"train_batch_size {B}, gen_batch_size {G}, {args.steps} simulated steps per cell; generated prompts per "
@@ -330,7 +330,7 @@ PEER_SYSTEMS = ("ours, dynamic sampling off", "TRL GRPOTrainer", "ours, dynamic 
 
 def _ours_steps(run_dir: Path) -> list[dict[str, float]]:
     """Per rollout step of a ``dapo train`` run: seconds per phase, generated responses (from metrics.jsonl)."""
-    from dapo.metrics import read_jsonl
+    from dapo.train.metrics import read_jsonl
 
     out = []
     for r in read_jsonl(run_dir / "metrics.jsonl"):
@@ -391,9 +391,9 @@ def peer_curve_table(results: dict[str, list[dict]]) -> str:
 
 def _validate_dir(preset, model_dir: Path, val_rows: list, work: Path) -> float:
     """Validation accuracy of a saved policy with the same code (and sampling) as ``dapo train``'s validation."""
-    from dapo.backends.local import LocalBackend
-    from dapo.loop import DAPOLoop
-    from dapo.metrics import val_accuracy
+    from dapo.backends.local.backend import LocalBackend
+    from dapo.train.loop import DAPOLoop
+    from dapo.train.metrics import val_accuracy
 
     backend = LocalBackend(str(model_dir), str(model_dir), preset.recipe, device="cpu",
                            micro_batch_size=preset.local.micro_batch_size, seed=preset.recipe.trainer.seed)  # fmt: skip
@@ -435,7 +435,7 @@ def cmd_peers(argv: list[str]) -> int:
     # the systems' own settings come last: they define the system whatever the shared overrides say
     preset = load_preset(args.preset, common + args.overrides + ds_off)
     assets_dir = out / "assets"
-    from dapo.backends.local import _read_rows
+    from dapo.backends.local.backend import _read_rows
     from dapo.tiny.assets import prepare
 
     assets = prepare(preset.local, assets_dir, log=print)
@@ -453,9 +453,9 @@ def cmd_peers(argv: list[str]) -> int:
                        "test_freq": args.test_freq, "threads": args.threads}  # fmt: skip
                 run_dir.mkdir(parents=True, exist_ok=True)
                 (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-                env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+                env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]),
                            OMP_NUM_THREADS=str(args.threads))  # fmt: skip
-                proc = subprocess.run([args.trl_python, "-m", "dapo.peers_trl", str(run_dir / "config.json")],
+                proc = subprocess.run([args.trl_python, "-m", "dapo.bench.peers_trl", str(run_dir / "config.json")],
                                       env=env, capture_output=True, text=True)  # fmt: skip
                 if proc.returncode != 0:
                     print(proc.stdout[-3000:] + proc.stderr[-5000:], file=sys.stderr)
@@ -510,7 +510,7 @@ def cmd_timing(argv: list[str]) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
-    from dapo.metrics import STEP_PHASES, read_jsonl
+    from dapo.train.metrics import STEP_PHASES, read_jsonl
 
     out = Path(args.out)
     over = [

@@ -223,6 +223,6 @@ def build_rows(bench: Benchmark, raw: list[dict[str, Any]], source: str) -> list
 
 def write_benchmark(bench: Benchmark, raw_paths: list[Path], dest: Path, source: str) -> Path:
     """Raw problem file(s) -> ``dest`` (DAPO schema, validated, atomic)."""
-    from dapo.data import write_rows
+    from dapo.data.prepare import write_rows
 
     return write_rows(build_rows(bench, read_raw(raw_paths), source), dest)

@@ -42,7 +42,7 @@ VERL_CONFIG_MODULE = "verl.trainer.config"
 VERL_CONFIG_NAME = "ppo_trainer"
 # The module that registers our policy losses in verl's registry; Ray workers import it through
 # VERL_USE_EXTERNAL_MODULES (verl/__init__.py imports the listed modules in every process).
-LOSS_MODULE = "dapo.backends.verl_loss"
+LOSS_MODULE = "dapo.backends.verl.loss"
 # recipe.actor.token_mean_scope -> the verl loss_mode name registered by LOSS_MODULE.
 LOSS_MODES = {"minibatch": "dapo", "microbatch": "dapo_microbatch"}
 
@@ -232,7 +232,7 @@ def settings(preset: Preset) -> list[Setting]:
     put("actor_rollout_ref.actor.checkpoint.save_contents", ["model", "hf_model", "optimizer", "extra"],
         "fixed: reference default (hf_model: a HuggingFace copy to evaluate each checkpoint)")
     put("trainer.balance_batch", True, "fixed: reference default")
-    put("trainer.use_v1", False, "fixed: the non-v1 worker groups; DAPO's loop is dapo.loop")
+    put("trainer.use_v1", False, "fixed: the non-v1 worker groups; DAPO's loop is dapo.train.loop")
     # every training process (Ray runtime env): the preset's env + our loss registration
     env = {**p.env, "VERL_USE_EXTERNAL_MODULES": LOSS_MODULE}
     for k, v in env.items():
@@ -286,7 +286,7 @@ def _override_key(text: str) -> str:
 # workers (FSDP actor, reference), the vLLM servers and agent loop, verl's reward loop, Ray.
 PASSTHROUGH_ALLOWED = ("actor_rollout_ref", "model_engine", "ray_kwargs", "reward", "trainer.device",
                        "trainer.ray_wait_register_center_timeout")  # fmt: skip
-_FIT_ONLY = "read only by verl's RayPPOTrainer.fit() / main_ppo, which the DAPO loop (dapo.loop) replaces"
+_FIT_ONLY = "read only by verl's RayPPOTrainer.fit() / main_ppo, which the DAPO loop (dapo.train.loop) replaces"
 # Refused, most specific prefix first, each with the reason (the loop would accept and silently skip them).
 PASSTHROUGH_REFUSED: dict[str, str] = {
     "actor_rollout_ref.rollout.full_determinism": f"{_FIT_ONLY}: main_ppo turns it into VERL_FULL_DETERMINISM / "
@@ -468,7 +468,7 @@ def check_placement(preset: Preset, cfg: Any, info: Optional[ModelInfo]) -> list
             bad("recipe.data.max_response_length", "differs from reward.reward_kwargs.max_resp_len")
     if info is None:
         notes.append(f"model {arr.model.path!r} is neither a local directory with config.json nor in "
-                     "dapo.verl_config.KNOWN_MODELS: attention-head and context-length checks skipped")
+                     "dapo.backends.verl.config.KNOWN_MODELS: attention-head and context-length checks skipped")
         return notes
     heads, kv = info.num_attention_heads, info.num_key_value_heads
     if heads % sp:

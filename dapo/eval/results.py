@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from dapo.fsutil import atomic_write_text
+from dapo.util.fsutil import atomic_write_text
 
 STEP_TABLE = "benchmarks.json"
 RESULTS_CSV = "results.csv"

@@ -1,4 +1,4 @@
-"""The verl backend: the one DAPO loop (:mod:`dapo.loop`) driving verl 0.9.1's worker groups on Ray.
+"""The verl backend: the one DAPO loop (:mod:`dapo.train.loop`) driving verl 0.9.1's worker groups on Ray.
 
 verl's PyPI wheel has DAPO's loss pieces and reward manager but no DAPO trainer (its legacy trainer ignores
 ``algorithm.filter_groups``; its v1 trainer replaces dynamic sampling with a replay buffer). So the algorithm --
@@ -16,7 +16,7 @@ implements :class:`dapo.backends.base.Backend` over verl's GPU workers:
   prompt rows, reward placement, ``select``/``concat`` by DataProto indexing/concat, ``pi_old`` via
   ``compute_log_prob``, and the update: advantages broadcast over tokens (``A_i * response_mask``), the batch
   reordered for balanced data-parallel work (verl's ``balance_batch``), then ``update_actor`` with our loss
-  (``loss_mode=dapo``, :mod:`dapo.backends.verl_loss`).
+  (``loss_mode=dapo``, :mod:`dapo.backends.verl.loss`).
 
 Rewards: the loop scores every response once (:func:`dapo.reward.score_responses`: DAPO's verifier + soft overlong
 punishment, the same numbers as verl's ``dapo`` reward manager) on the texts this backend decodes in one
@@ -31,7 +31,7 @@ reference log-probs with ``use_kl_loss``), update, save (when due), then ``updat
 or validation. The backend tracks the step whose weights the replicas hold apart from whether they are awake.
 
 :func:`run` is the ``dapo train`` entrypoint for ``placement.backend: verl``: it resolves and validates verl's config
-(:mod:`dapo.verl_config`) before anything touches Ray, prints it, and (unless ``--dry-run``) trains.
+(:mod:`dapo.backends.verl.config`) before anything touches Ray, prints it, and (unless ``--dry-run``) trains.
 """
 
 from __future__ import annotations
@@ -657,9 +657,9 @@ def describe(preset: Preset, resolved: Any) -> str:
     lines = [
         f"# dapo train --preset {preset.name}: verl 0.9.1 configuration (resolved; validated by verl.utils.config."
         "validate_config)",
-        f"# world: {preset.placement.nodes} nodes x {preset.placement.gpus_per_node} GPUs; the DAPO loop (dapo.loop) "
+        f"# world: {preset.placement.nodes} nodes x {preset.placement.gpus_per_node} GPUs; the DAPO loop (dapo.train.loop) "
         "drives verl's worker groups",
-        "# dynamic sampling (dapo.loop, not verl's trainer): "
+        "# dynamic sampling (dapo.train.loop, not verl's trainer): "
         + (f"on, metric {fg.metric}, max_num_gen_batches {fg.max_num_gen_batches}, mode {fg.mode}, "
            f"gen_batch_size {r.data.gen_batch_size or r.data.train_batch_size}" if fg.enable else "off"),
         f"# policy loss: actor_rollout_ref.actor.policy_loss.loss_mode="
@@ -670,14 +670,14 @@ def describe(preset: Preset, resolved: Any) -> str:
 
 
 def _read_rows(files: list[str], what: str) -> list[dict[str, Any]]:
-    from dapo.backends.local import _read_rows as read
+    from dapo.backends.local.backend import _read_rows as read
 
     return read(files, what)
 
 
 def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     """Resolve + validate verl's config (before Ray), print it; unless ``--dry-run``, train with the DAPO loop."""
-    from dapo import verl_config
+    from dapo.backends.verl import config as verl_config
 
     if getattr(args, "run_dir", None):
         raise ConfigError("--run-dir is for the local backend; on verl set recipe.trainer.default_local_dir=...")
@@ -689,7 +689,7 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
 
     import ray
 
-    from dapo.loop import DAPOLoop
+    from dapo.train.loop import DAPOLoop
 
     cfg = resolved.cfg
     env = verl_config.runtime_env(cfg)
@@ -697,7 +697,7 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     if not ray.is_initialized():
         ray.init(runtime_env=env, **{k: v for k, v in dict(cfg.ray_kwargs.ray_init).items() if k != "runtime_env"
                                      and v is not None})
-    import dapo.backends.verl_loss  # noqa: F401  (the driver resolves loss names too)
+    import dapo.backends.verl.loss  # noqa: F401  (the driver resolves loss names too)
 
     train_rows = _read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
     val_rows = _read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
@@ -717,7 +717,7 @@ def resume_step(preset: Preset, run_dir: str) -> int:
     """The step the loop will resume from (``resume_mode: auto`` and a complete checkpoint), else 0."""
     if preset.recipe.trainer.resume_mode != "auto":
         return 0
-    from dapo import checkpoint as ckpt
+    from dapo.train import checkpoint as ckpt
 
     latest = ckpt.latest(ckpt.checkpoint_root(run_dir))
     return int(ckpt.load_loop_state(latest)["step"]) if latest is not None else 0

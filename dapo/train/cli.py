@@ -3,18 +3,18 @@
 This is also the RayJob entrypoint on a cluster. It loads the preset (strict), applies overrides, and hands over to
 the backend the preset's placement names:
 
-- ``placement.backend: local`` -> :mod:`dapo.backends.local` (HF transformers in this process, CPU or one GPU)
-- ``placement.backend: verl``  -> :mod:`dapo.backends.verl` (verl worker groups on Ray)
+- ``placement.backend: local`` -> :mod:`dapo.backends.local.backend` (HF transformers in this process, CPU or one GPU)
+- ``placement.backend: verl``  -> :mod:`dapo.backends.verl.backend` (verl worker groups on Ray)
 
 Every attempt (not ``--dry-run``) tees its stdout and stderr into ``<run dir>/logs/attempt-<N>.log`` (N = the
-next free number; :mod:`dapo.runlog`), so the driver log of a failed attempt outlives the Ray head that ran it. The
+next free number; :mod:`dapo.train.runlog`), so the driver log of a failed attempt outlives the Ray head that ran it. The
 run dir is ``--run-dir`` or ``recipe.trainer.default_local_dir`` (on a cluster: the shared volume).
 
 Overrides: ``recipe.…``, ``placement.…``, ``local.…`` keys address the preset (validated strictly). Any other
 ``key=value`` is passed verbatim to verl's Hydra config (verl backend only; Hydra rejects unknown keys, a key
 the preset owns -- e.g. ``trainer.nnodes`` -- is rejected with the preset key to use, here ``placement.nodes``, and a
 key only verl's own ``RayPPOTrainer.fit()`` reads -- e.g. ``trainer.esi_redundant_time`` -- is rejected with the
-reason: see :data:`dapo.verl_config.PASSTHROUGH_REFUSED`).
+reason: see :data:`dapo.backends.verl.config.PASSTHROUGH_REFUSED`).
 """
 
 from __future__ import annotations
@@ -81,10 +81,10 @@ def run_dir_of(preset, args: argparse.Namespace) -> Path:
 def _run(preset, args: argparse.Namespace, verl_overrides: list[str]) -> int:
     try:
         if preset.placement.backend == "local":
-            from dapo.backends.local import run as run_backend
+            from dapo.backends.local.backend import run as run_backend
 
             return int(run_backend(preset, args) or 0)
-        from dapo.backends.verl import run as run_backend
+        from dapo.backends.verl.backend import run as run_backend
 
         return int(run_backend(preset, args, verl_overrides) or 0)
     except ConfigError as exc:
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if log_dir is None:
         return _run(preset, args, verl_overrides)
-    from dapo.runlog import AttemptLog
+    from dapo.train.runlog import AttemptLog
 
     log = AttemptLog(log_dir, header=f"dapo train --preset {args.preset} {' '.join(args.overrides)}".rstrip())
     try:

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from dapo.metrics import read_jsonl, val_accuracy
-from dapo.verl_log import attempt_logs, read_console_logs
+from dapo.train.metrics import read_jsonl, val_accuracy
+from dapo.reference.verl_log import attempt_logs, read_console_logs
 
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("mean response length (tokens)", [("response_length/mean", "training batch")]),
@@ -95,15 +95,15 @@ def plot_run(run_dir: Path | str, out: Optional[Path | str] = None) -> Path:
 def plot_eval(eval_dir: Path | str, out: Optional[Path | str] = None) -> Path:
     """``<eval_dir>/accuracy.png``: accuracy against training step, one panel per benchmark, from the evaluation
     directory's ``results.csv`` (``dapo eval run --step all``): avg@k (the DAPO verifier; MATH-500 also math-verify),
-    pass@k and cons@k, beside the published DAPO points (:data:`dapo.benchmarks.PUBLISHED`: AIME-2024 avg@32 at the
+    pass@k and cons@k, beside the published DAPO points (:data:`dapo.data.benchmarks.PUBLISHED`: AIME-2024 avg@32 at the
     end of training, drawn as horizontal reference lines: the paper prints no per-step values)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dapo.benchmarks import BENCHMARKS, PUBLISHED
-    from dapo.eval_results import collect
+    from dapo.data.benchmarks import BENCHMARKS, PUBLISHED
+    from dapo.eval.results import collect
 
     eval_dir = Path(eval_dir)
     rows = [r for r in collect(eval_dir) if r["step"] is not None and r["complete"]]
@@ -176,7 +176,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     run = Path(args.run)
     if is_eval_dir(run):  # an evaluation directory: accuracy against step per benchmark
-        from dapo.eval_results import collect, format_table
+        from dapo.eval.results import collect, format_table
 
         try:
             png = plot_eval(run, args.out)

@@ -364,7 +364,7 @@ class Plan:
     totals: dict[str, float]
     assumptions: dict[str, Any]
     checks: list[Check] = field(default_factory=list)
-    # where the loop runs and the volume (dapo.sizing): filled by the CLI, which knows the chart values
+    # where the loop runs and the volume (dapo.plan.memory): filled by the CLI, which knows the chart values
     runtime: dict[str, Any] = field(default_factory=dict)
     # the step with the reference sampler and with the carry sampler: {"reference": {...}, "carry": {...}}
     samplers: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -952,7 +952,7 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def _chart_values(preset: Preset, value_files: list[str]) -> tuple[Optional[dict[str, Any]], str]:
@@ -975,8 +975,8 @@ def runtime_report(preset: Preset, dataset_rows: Optional[int], value_files: lis
                    nodes: Optional[int] = None, gpus_per_node: Optional[int] = None
                    ) -> tuple[dict[str, Any], list[Check], list[str]]:
     """The loop's peak host memory against the worker pod it runs on, and the volume against the run's storage
-    (dapo.sizing states the model). Returns (numbers, checks, printed lines)."""
-    from dapo import sizing
+    (dapo.plan.memory states the model). Returns (numbers, checks, printed lines)."""
+    from dapo.plan import memory as sizing
 
     fb = sizing.fmt_bytes
     lm = sizing.loop_memory(preset, dataset_rows)
@@ -1043,7 +1043,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"{args.update_docs}: {'updated' if changed else 'already up to date'}")
             return 0
         if args.requirements_file:
-            from dapo.sizing import requirements_text
+            from dapo.plan.memory import requirements_text
 
             text, path = requirements_text(), Path(args.requirements_file)
             if args.check:
@@ -1057,7 +1057,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         preset = load_preset(args.preset, args.set)
         rows = args.dataset_rows
         if rows is None and preset.recipe.data.train_files and Path(preset.recipe.data.train_files[0]).is_file():
-            from dapo.parquet import parquet_rows
+            from dapo.data.parquet import parquet_rows
 
             rows = parquet_rows(preset.recipe.data.train_files[0])
         if rows is None and preset.recipe.data.train_files:

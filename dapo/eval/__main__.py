@@ -1,0 +1,7 @@
+"""``python -m dapo.eval`` (= ``dapo eval``), see :mod:`dapo.eval.cli`."""
+
+import sys
+
+from dapo.eval.cli import main
+
+sys.exit(main())

@@ -1,0 +1,4 @@
+"""The reference run: the upstream DAPO recipe of verl (commit 4f80e46) on the reproduction image, driven by the
+same preset and chart. :mod:`dapo.reference.translate` turns a preset into the recipe's arguments
+(``python -m dapo.reference``); :mod:`~dapo.reference.attempt_log` keeps the driver's output per attempt on the
+shared volume; :mod:`~dapo.reference.verl_log` reads verl's console metrics back for ``dapo report``."""
