@@ -39,6 +39,10 @@ Modes:
   rate (an exponential moving average). Carried responses were sampled by the previous policy: their importance
   ratio is still correct because pi_old is recomputed for the whole batch, but they are one step off-policy. The
   carry buffer is part of :meth:`DynamicSampler.state_dict`, so it survives a checkpoint and resume.
+
+Why this module is over 400 lines: it is one state machine, :class:`DynamicSampler` (a step's kept groups, the
+carry buffer, the keep-rate estimate and their checkpoint state all change together), and a third of it is the
+docstrings that state the paper's rule; cutting the class in two would split one invariant across files.
 """
 
 from __future__ import annotations

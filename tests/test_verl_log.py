@@ -6,7 +6,7 @@ from __future__ import annotations
 import numbers
 
 from dapo.train import report
-from dapo.reference.verl_log import attempt_logs, parse_line, read_console_logs
+from dapo.train.verl_log import attempt_logs, parse_line, read_console_logs
 
 
 def concat_dict_to_str_4f80e46(dict, step):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dapo.train.metrics import read_jsonl, val_accuracy
-from dapo.reference.verl_log import attempt_logs, read_console_logs
+from dapo.train.verl_log import attempt_logs, read_console_logs
 
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("mean response length (tokens)", [("response_length/mean", "training batch")]),
