@@ -14,7 +14,7 @@ import pytest
 from dapo.data import benchmarks
 
 from dapo.eval import results as eval_results
-from dapo.data.prepare import write_rows
+from dapo.data.files import write_rows
 from dapo.eval.client import math_verify_answer
 from test_eval_client import FakeOpenAI
 
