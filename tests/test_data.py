@@ -13,8 +13,11 @@ import pytest
 
 from dapo.data import benchmarks
 
+from dapo.data import cli as data_cli
 from dapo.data import prepare as data
-from dapo.data.prepare import DataError
+from dapo.data.files import check_file, dedup_file, dedup_table, load_rows, sha256_file, write_rows
+from dapo.data.parquet import DataError
+from dapo.data.schema import REQUIRED_COLUMNS
 
 TEMPLATE = ("Solve the following math problem step by step. The last line of your response should be of the form "
             "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{q}\n\n"
@@ -53,18 +56,18 @@ def no_temp_files(directory: Path) -> bool:
 
 
 def test_valid_file_reports_unique_vs_total_prompts(tmp_path):
-    report = data.check_file(write(tmp_path / "t.parquet", duplicated(5, 4)), batch_rows=3)
+    report = check_file(write(tmp_path / "t.parquet", duplicated(5, 4)), batch_rows=3)
     assert report.ok, report.summary()
     assert (report.rows, report.unique_prompts, report.min_repeats, report.max_repeats) == (20, 5, 4, 4)
     assert report.data_sources == {"math_dapo": 20}
-    assert report.sha256 == data.sha256_file(tmp_path / "t.parquet")
+    assert report.sha256 == sha256_file(tmp_path / "t.parquet")
 
 
 def test_missing_ground_truth_is_reported_with_row_and_column(tmp_path):
     rows = duplicated(4, 3)
     rows[7] = row(7, reward_model={"ground_truth": None, "style": "rule"})
     rows[9] = row(9, reward_model={"ground_truth": "  ", "style": "rule"})
-    report = data.check_file(write(tmp_path / "bad.parquet", rows), batch_rows=4)  # rows 7 and 9 in two batches
+    report = check_file(write(tmp_path / "bad.parquet", rows), batch_rows=4)  # rows 7 and 9 in two batches
     assert not report.ok
     (prob,) = report.problems
     assert (prob.row, prob.column, prob.count) == (7, "reward_model.ground_truth", 2)
@@ -73,7 +76,7 @@ def test_missing_ground_truth_is_reported_with_row_and_column(tmp_path):
 
 def test_prompt_as_plain_string_is_rejected_naming_the_column_type(tmp_path):
     rows = [row(i, prompt=TEMPLATE.format(q=str(i))) for i in range(3)]
-    (prob,) = data.check_file(write(tmp_path / "str.parquet", rows)).problems
+    (prob,) = check_file(write(tmp_path / "str.parquet", rows)).problems
     assert prob.column == "prompt" and prob.row == 0
     assert "has type string" in prob.message and "role" in prob.message
 
@@ -83,7 +86,7 @@ def test_chat_messages_are_checked_per_row(tmp_path):
     rows[2] = row(2, prompt=[{"role": "bot", "content": "x"}])
     rows[4] = row(4, prompt=[{"role": "system", "content": "be brief"}, {"role": "user", "content": ""}])
     rows[5] = row(5, prompt=[])
-    found = {(p.column, p.row) for p in data.check_file(write(tmp_path / "chat.parquet", rows)).problems}
+    found = {(p.column, p.row) for p in check_file(write(tmp_path / "chat.parquet", rows)).problems}
     assert ("prompt[].role", 2) in found  # unknown role
     assert ("prompt", 2) in found  # ... and therefore no user message
     assert ("prompt[].content", 4) in found  # empty content
@@ -93,33 +96,33 @@ def test_chat_messages_are_checked_per_row(tmp_path):
 def test_missing_column_and_wrong_struct_are_named(tmp_path):
     rows = [{k: v for k, v in row(i).items() if k != "ability"} for i in range(2)]
     rows = [dict(r, reward_model={"answer": "4"}) for r in rows]
-    cols = {p.column: p for p in data.check_file(write(tmp_path / "cols.parquet", rows)).problems}
+    cols = {p.column: p for p in check_file(write(tmp_path / "cols.parquet", rows)).problems}
     assert "ability" in cols and "is missing" in cols["ability"].message
     assert "reward_model.ground_truth" in cols and "reward_model.style" in cols
 
 
 def test_numeric_ground_truth_is_a_type_error(tmp_path):
     rows = [row(i, reward_model={"ground_truth": 2 * i, "style": "rule"}) for i in range(3)]
-    (prob,) = data.check_file(write(tmp_path / "num.parquet", rows)).problems
+    (prob,) = check_file(write(tmp_path / "num.parquet", rows)).problems
     assert prob.column == "reward_model.ground_truth" and "expected string" in prob.message
 
 
 def test_check_cli_exit_code_and_json(tmp_path, capsys):
     good = write(tmp_path / "good.parquet", duplicated(3, 2))
-    assert data.main(["check", str(good), "--json"]) == 0
+    assert data_cli.main(["check", str(good), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["rows"] == 6 and out["unique_prompts"] == 3 and out["problems"] == []
     rows = duplicated(3, 2)
     rows[4] = row(4, reward_model={"ground_truth": "", "style": "rule"})
-    assert data.main(["check", str(write(tmp_path / "bad.parquet", rows))]) == 1
+    assert data_cli.main(["check", str(write(tmp_path / "bad.parquet", rows))]) == 1
     assert "row 4: column 'reward_model.ground_truth'" in capsys.readouterr().out
-    assert data.main(["check", str(tmp_path / "absent.parquet")]) == 1
+    assert data_cli.main(["check", str(tmp_path / "absent.parquet")]) == 1
 
 
 def test_conflicting_ground_truths_for_one_prompt_warn(tmp_path):
     rows = duplicated(3, 2)
     rows[4] = row(1, reward_model={"ground_truth": "999", "style": "rule"})
-    report = data.check_file(write(tmp_path / "conflict.parquet", rows))
+    report = check_file(write(tmp_path / "conflict.parquet", rows))
     assert report.ok and report.conflicting_ground_truths == 1 and report.warnings
 
 
@@ -130,7 +133,7 @@ def test_dedup_keeps_first_occurrence_of_each_prompt_in_file_order(tmp_path):
     order = [3, 1, 3, 0, 1, 2, 2, 0, 3]
     rows = [row(i, extra_info={"index": pos}) for pos, i in enumerate(order)]
     src = write(tmp_path / "dup.parquet", rows)
-    n = data.dedup_file(src, tmp_path / "dedup.parquet", batch_rows=2)
+    n = dedup_file(src, tmp_path / "dedup.parquet", batch_rows=2)
     got = pq.read_table(tmp_path / "dedup.parquet").to_pylist()
     seen, expected = set(), []
     for pos, i in enumerate(order):  # the first time each problem shows up
@@ -138,36 +141,36 @@ def test_dedup_keeps_first_occurrence_of_each_prompt_in_file_order(tmp_path):
             seen.add(i)
             expected.append(pos)
     assert n == 4 and [r["extra_info"]["index"] for r in got] == expected
-    assert data.dedup_table(pq.read_table(src)).to_pylist() == got
+    assert dedup_table(pq.read_table(src)).to_pylist() == got
 
 
 def test_load_rows_returns_schema_dicts_and_rejects_bad_files(tmp_path):
-    rows = data.load_rows(write(tmp_path / "ok.parquet", duplicated(2, 2)))
-    assert len(rows) == 4 and set(rows[0]) == set(data.REQUIRED_COLUMNS)
+    rows = load_rows(write(tmp_path / "ok.parquet", duplicated(2, 2)))
+    assert len(rows) == 4 and set(rows[0]) == set(REQUIRED_COLUMNS)
     assert rows[0]["prompt"][0]["role"] == "user" and rows[0]["reward_model"]["ground_truth"] == "0"
     bad = duplicated(2, 2)
     bad[3] = row(1, reward_model={"ground_truth": None, "style": "rule"})
     with pytest.raises(DataError, match=r"row 3: column 'reward_model.ground_truth'"):
-        data.load_rows(write(tmp_path / "bad.parquet", bad))
+        load_rows(write(tmp_path / "bad.parquet", bad))
 
 
 def test_write_rows_validates_before_writing_anything(tmp_path):
     target = tmp_path / "out.parquet"
     with pytest.raises(DataError, match="reward_model.ground_truth"):
-        data.write_rows([row(0), row(1, reward_model={"ground_truth": "", "style": "rule"})], target)
+        write_rows([row(0), row(1, reward_model={"ground_truth": "", "style": "rule"})], target)
     assert not target.exists() and list(tmp_path.iterdir()) == []
-    data.write_rows(duplicated(2, 1), target)
-    assert data.check_file(target).ok
+    write_rows(duplicated(2, 1), target)
+    assert check_file(target).ok
 
 
 # ---------------------------------------------------------------------------------------------------- AIME
 
 
 def test_shared_aime_file_is_30_problems_times_32_in_the_dapo_prompt_format(aime_parquet):
-    report = data.check_file(aime_parquet, aime=True)
+    report = check_file(aime_parquet, aime=True)
     assert report.ok, report.summary()
     assert (report.rows, report.unique_prompts, report.min_repeats, report.max_repeats) == (960, 30, 32, 32)
-    rows = data.load_rows(aime_parquet)
+    rows = load_rows(aime_parquet)
     for r in rows:
         (msg,) = r["prompt"]
         assert msg["role"] == "user"
@@ -177,7 +180,7 @@ def test_shared_aime_file_is_30_problems_times_32_in_the_dapo_prompt_format(aime
 
 
 def test_aime_layout_check_rejects_a_file_with_the_wrong_repeats(tmp_path):
-    report = data.check_file(write(tmp_path / "aime.parquet", duplicated(30, 31)), aime=True)
+    report = check_file(write(tmp_path / "aime.parquet", duplicated(30, 31)), aime=True)
     assert not report.ok
     assert any("960" in p.message for p in report.problems)
     assert any("repeated 31-31x" in p.message for p in report.problems)
@@ -227,7 +230,7 @@ def test_prepare_from_a_local_mirror_writes_files_manifest_and_dedup(tmp_path, m
     assert (res.train.rows, res.train.unique_prompts, res.val.rows, res.dedup.rows) == (35, 7, 960, 7)
     manifest = json.loads((out / data.MANIFEST).read_text())
     for name in (data.TRAIN_FILE, data.VAL_FILE, data.DEDUP_FILE):
-        assert manifest["files"][name]["sha256"] == data.sha256_file(out / name)
+        assert manifest["files"][name]["sha256"] == sha256_file(out / name)
     assert manifest["files"][data.DEDUP_FILE]["derived_from_sha256"] == manifest["files"][data.TRAIN_FILE]["sha256"]
     assert no_temp_files(out)
     assert oct((out / data.TRAIN_FILE).stat().st_mode & 0o044) == oct(0o044)  # readable by other pods' users
@@ -249,25 +252,25 @@ def test_prepare_is_idempotent_and_refetches_a_file_whose_checksum_changed(tmp_p
     data.prepare(out, dedup=True, source_dir=str(mirror), log=logs.append)
     assert sum("skipped" in line for line in logs) == 5  # train, val, dedup, aime25, math500
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
-    good = data.sha256_file(out / data.VAL_FILE)
+    good = sha256_file(out / data.VAL_FILE)
     with open(out / data.VAL_FILE, "ab") as f:  # a truncated / modified copy on the shared volume
         f.write(b"garbage")
     logs.clear()
     data.prepare(out, source_dir=str(mirror), log=logs.append)
     assert any("differs from the manifest" in line for line in logs)
-    assert data.sha256_file(out / data.VAL_FILE) == good
+    assert sha256_file(out / data.VAL_FILE) == good
 
 
 def test_prepare_rejects_an_invalid_download_and_keeps_the_existing_file(tmp_path, mirror):
     out = tmp_path / "out"
     data.prepare(out, source_dir=str(mirror), log=lambda _: None)
-    good = data.sha256_file(out / data.TRAIN_FILE)
+    good = sha256_file(out / data.TRAIN_FILE)
     rows = duplicated(7, 5)
     rows[12] = row(5, reward_model={"ground_truth": None, "style": "rule"})
     write(mirror / data.TRAIN_REPO / data.TRAIN_PATH_IN_REPO, rows)
     with pytest.raises(DataError, match=r"row 12: column 'reward_model.ground_truth'"):
         data.prepare(out, source_dir=str(mirror), force=True, log=lambda _: None)
-    assert data.sha256_file(out / data.TRAIN_FILE) == good
+    assert sha256_file(out / data.TRAIN_FILE) == good
     assert (out / f".{data.TRAIN_FILE}.rejected").exists() and no_temp_files(out)
 
 
@@ -324,7 +327,7 @@ def test_hub_failure_says_how_to_use_a_local_copy(tmp_path, monkeypatch):
 
 
 def test_prepare_cli_prints_epochs_and_steps_per_preset(tmp_path, mirror, capsys):
-    assert data.main(["prepare", "--out", str(tmp_path / "out"), "--source", str(mirror), "--dedup"]) == 0
+    assert data_cli.main(["prepare", "--out", str(tmp_path / "out"), "--source", str(mirror), "--dedup"]) == 0
     out = capsys.readouterr().out
     assert "unique prompts: 7 (each repeated 5x)" in out
     lines = {tuple(line.split()[:2]): line.split() for line in out.splitlines() if line.startswith(("early", "full"))}
@@ -341,7 +344,7 @@ def test_prepare_cli_prints_epochs_and_steps_per_preset(tmp_path, mirror, capsys
 def test_prepare_builds_aime25_and_math500_in_the_aime2024_prompt_template(tmp_path, mirror, aime_parquet):
     out = tmp_path / "out"
     res = data.prepare(out, source_dir=str(mirror), log=lambda _: None)
-    real = data.load_rows(aime_parquet)[0]
+    real = load_rows(aime_parquet)[0]
     real_prompt = real["prompt"][0]["content"].replace(real["extra_info"]["raw_problem"], "{problem}")
     assert real_prompt == benchmarks.PROMPT_TEMPLATE, "the same template as the release's AIME-2024 file"
     for name, (problems, copies) in {"aime25": (30, 32), "math500": (500, 4)}.items():
@@ -349,18 +352,18 @@ def test_prepare_builds_aime25_and_math500_in_the_aime2024_prompt_template(tmp_p
         rep = res.benchmarks[name]
         assert (rep.rows, rep.unique_prompts, rep.min_repeats, rep.max_repeats) == (problems * copies, problems,
                                                                                     copies, copies)
-        assert data.check_file(out / bench.file, layout=(problems, copies)).ok
-        rows = data.load_rows(out / bench.file)
+        assert check_file(out / bench.file, layout=(problems, copies)).ok
+        rows = load_rows(out / bench.file)
         # same schema (columns, nested field types) as the release's file, apart from extra_info's own fields
         assert {k: type(v) for k, v in rows[0].items()} == {k: type(v) for k, v in real.items()}
         assert rows[0]["reward_model"]["style"] == real["reward_model"]["style"]
         assert rows[0]["ability"] == real["ability"] and rows[0]["data_source"] == bench.data_source
         manifest = json.loads((out / data.MANIFEST).read_text())["files"][bench.file]
-        assert manifest["sha256"] == data.sha256_file(out / bench.file) and manifest["layout"] == f"{problems}x{copies}"
-    aime = data.load_rows(out / "aime-2025.parquet")
+        assert manifest["sha256"] == sha256_file(out / bench.file) and manifest["layout"] == f"{problems}x{copies}"
+    aime = load_rows(out / "aime-2025.parquet")
     assert aime[0]["reward_model"]["ground_truth"] == "0" and aime[32 * 7]["reward_model"]["ground_truth"] == "7"
     assert aime[0]["prompt"][0]["content"] == benchmarks.PROMPT_TEMPLATE.format(problem=aime25_raw()[0]["problem"])
-    math = data.load_rows(out / "math-500.parquet")
+    math = load_rows(out / "math-500.parquet")
     assert math[4 * 3]["reward_model"]["ground_truth"] == "\\frac{6}{4}"
     assert math[4 * 3]["extra_info"]["subject"] == "Precalculus" and math[4 * 3]["extra_info"]["level"] == "4"
     assert math[4 * 3]["extra_info"]["source_id"] == "test/algebra/3.json"
@@ -375,7 +378,7 @@ def test_opencompass_aime2025_two_files_with_question_column_are_one_benchmark(t
     rep = data._fetch_benchmark(tmp_path, benchmarks.get("aime25"), str(src), {"files": {}}, source_dir=None,
                                 revision=None, force=False, log=lambda _: None)
     assert (rep.rows, rep.unique_prompts) == (960, 30)
-    assert data.load_rows(tmp_path / "aime-2025.parquet")[32 * 15]["extra_info"]["raw_problem"] == raw[15]["question"]
+    assert load_rows(tmp_path / "aime-2025.parquet")[32 * 15]["extra_info"]["raw_problem"] == raw[15]["question"]
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -394,12 +397,12 @@ def test_a_bad_raw_benchmark_file_is_refused_naming_the_row_and_nothing_is_writt
 
 def test_check_cli_generalises_the_aime_layout_to_n_problems_times_k(tmp_path, capsys):
     f = write(tmp_path / "m.parquet", duplicated(500, 4))
-    assert data.main(["check", str(f), "--benchmark", "math500"]) == 0
-    assert data.main(["check", str(f), "--layout", "500x4"]) == 0
-    assert data.main(["check", str(f), "--benchmark", "aime25"]) == 1
+    assert data_cli.main(["check", str(f), "--benchmark", "math500"]) == 0
+    assert data_cli.main(["check", str(f), "--layout", "500x4"]) == 0
+    assert data_cli.main(["check", str(f), "--benchmark", "aime25"]) == 1
     out = capsys.readouterr().out
     assert "file has 2000 rows; AIME-2025 for avg@32 has 960 (30 problems x 32)" in out
-    assert data.main(["check", str(f), "--layout", "30x"]) == 1
+    assert data_cli.main(["check", str(f), "--layout", "30x"]) == 1
     assert "layout must be PROBLEMSxCOPIES" in capsys.readouterr().err
 
 
@@ -436,4 +439,4 @@ def test_a_benchmark_is_rebuilt_when_its_source_changes(tmp_path, mirror):
     data.prepare(out, source_dir=str(mirror), log=logs.append, benchmarks=["aime25"],
                  benchmark_repos={"aime25": str(src.parent)})
     assert any("building again" in line for line in logs)
-    assert data.load_rows(out / "aime-2025.parquet")[0]["extra_info"]["raw_problem"] == "Other problem 0"
+    assert load_rows(out / "aime-2025.parquet")[0]["extra_info"]["raw_problem"] == "Other problem 0"

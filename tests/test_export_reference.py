@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from dapo.eval.export import ExportError, export_checkpoint
+from dapo.eval.export import export_checkpoint
+from dapo.eval.fsdp_merge import ExportError
 
 torch = pytest.importorskip("torch")
 

@@ -12,7 +12,7 @@ import pytest
 from dapo.data import benchmarks
 from dapo.backends.local.backend import _read_rows
 from dapo.config import load_preset
-from dapo.data.prepare import write_rows
+from dapo.data.files import write_rows
 from dapo.train.loop import DAPOLoop
 from loop_support import ScriptedBackend, make_rows
 

@@ -78,7 +78,7 @@ def _apply_defaults(args: argparse.Namespace, defaults: dict[str, Any]) -> None:
 
 def _run_parser(sub) -> None:
     from dapo.eval.serve import add_serve_args
-    from dapo.eval.export import DTYPES
+    from dapo.eval.fsdp_merge import DTYPES
 
     p = sub.add_parser(
         "run",
@@ -243,7 +243,8 @@ def run_main(args: argparse.Namespace) -> int:
     from dapo.eval import client as eval_client
     from dapo.eval import serve as eval_serve
     from dapo.data.benchmarks import BenchmarkError
-    from dapo.eval.export import ExportError, export_checkpoint
+    from dapo.eval.export import export_checkpoint
+    from dapo.eval.fsdp_merge import ExportError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.preset:
