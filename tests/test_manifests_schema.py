@@ -18,7 +18,8 @@ import yaml
 from dapo.config import load_preset
 from dapo.k8s import rules
 from dapo.k8s.presets import merged_preset
-from dapo.train.cli import build_parser, split_overrides
+from dapo.config import split_overrides
+from dapo.train.cli import build_parser
 from k8s_support import (
     CHART_DIR,
     by_key,

@@ -36,7 +36,7 @@ from conftest import ROOT
 from dapo.train.checkpoint import complete_steps
 from dapo.config import load_preset
 from dapo.train.metrics import read_jsonl
-from dapo.train.cli import split_overrides
+from dapo.config import split_overrides
 from k8s_support import by_key, helm_objects, set_files, user_values
 from kuberay_loopback import (
     TERMINAL,

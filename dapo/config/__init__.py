@@ -13,6 +13,7 @@ below are re-exported so that forty importers need not know which of the three f
 
 from dapo.config.loader import (
     PRESET_DIR,
+    PRESET_ROOTS,
     apply_overrides,
     deep_merge,
     from_dict,
@@ -21,6 +22,7 @@ from dapo.config.loader import (
     load_raw_preset,
     parse_override,
     preset_path,
+    split_overrides,
 )
 from dapo.config.rules import validate
 from dapo.config.schema import (
@@ -51,8 +53,8 @@ from dapo.config.schema import (
 )
 
 __all__ = [
-    "PRESET_DIR", "apply_overrides", "deep_merge", "from_dict", "list_presets", "load_preset", "load_raw_preset",
-    "parse_override", "preset_path", "validate",
+    "PRESET_DIR", "PRESET_ROOTS", "apply_overrides", "deep_merge", "from_dict", "list_presets", "load_preset", "load_raw_preset",
+    "parse_override", "preset_path", "split_overrides", "validate",
     "HEALTH_GUARDS", "KL_PENALTIES", "LOSS_AGG_MODES", "ActorConfig", "AlgorithmConfig", "ConfigError", "DataConfig",
     "FilterGroupsConfig", "HealthConfig", "LocalConfig", "ModelConfig", "OptimConfig", "OverlongBufferConfig",
     "ParallelConfig", "PlacementConfig", "Preset", "RecipeConfig", "RewardConfig", "RolloutConfig", "SamplingConfig",

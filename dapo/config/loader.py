@@ -220,6 +220,21 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
     return out
 
 
+# the top-level keys of a preset: an override under one of them addresses the preset, any other goes to verl
+PRESET_ROOTS = ("recipe", "placement", "local", "name", "description", "target_aime")
+
+
+def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
+    """Split positional ``key=value`` items into (preset overrides, verl Hydra overrides)."""
+    ours, verl = [], []
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        root = item.split("=", 1)[0].lstrip("+~").split(".", 1)[0]
+        (ours if root in PRESET_ROOTS else verl).append(item)
+    return ours, verl
+
+
 def preset_path(name: str) -> Path:
     """Resolve a preset name (``full``) or a path to a YAML file."""
     p = Path(name)

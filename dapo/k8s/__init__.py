@@ -48,7 +48,7 @@ def validate_preset(values: dict[str, Any]) -> None:
     from dapo.config import load_preset
     from dapo.k8s.presets import merged_preset
     from dapo.k8s.values import placement
-    from dapo.train.cli import split_overrides
+    from dapo.config import split_overrides
 
     pl = placement(values, merged_preset(values["preset"]))
     ours, _verl = split_overrides(list(values["overrides"]))

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from dapo.config import PRESET_DIR, deep_merge
+from dapo.config import PRESET_DIR, PRESET_ROOTS, deep_merge
 
 PRESET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 MAX_CHAIN = 16
@@ -98,7 +98,6 @@ def merged_preset(name: str, preset_dir: Path = PRESET_DIR) -> dict[str, Any]:
     return merged
 
 
-PRESET_ROOTS = ("recipe", "placement", "local", "name", "description", "target_aime")  # = dapo.train.cli.PRESET_ROOTS
 HUB_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 

@@ -26,21 +26,7 @@ import sys
 import threading
 from pathlib import Path
 
-from dapo.config import ConfigError, list_presets, load_preset
-
-PRESET_ROOTS = ("recipe", "placement", "local", "name", "description", "target_aime")
-
-
-def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
-    """Split positional ``key=value`` items into (preset overrides, verl Hydra overrides)."""
-    ours, verl = [], []
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
-        root = item.split("=", 1)[0].lstrip("+~").split(".", 1)[0]
-        (ours if root in PRESET_ROOTS else verl).append(item)
-    return ours, verl
-
+from dapo.config import ConfigError, list_presets, load_preset, split_overrides
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
