@@ -1,7 +1,7 @@
 """Parquet facts that need no schema: a file's row count, and the error every data module raises.
 
-It sits below :mod:`dapo.data.prepare` (which re-exports both names) and :mod:`dapo.plan.estimate` (which counts a training file's
-rows), so the planner does not import data preparation.
+It sits below :mod:`dapo.data.prepare` (which re-exports both names) and :mod:`dapo.plan.cli` (which counts a
+training file's rows), so the planner does not import data preparation.
 """
 
 from __future__ import annotations

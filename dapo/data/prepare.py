@@ -10,7 +10,7 @@ then builds the evaluation benchmarks AIME-2025 (``aime-2025.parquet``, 30 x 32)
 500 x 4) from their hub datasets in the same schema and prompt template (:mod:`dapo.data.benchmarks`; ``--benchmarks``),
 validates every row, reports unique vs total prompts (the hub training file is ~17.9k problems, each repeated ~100
 times: 1,791,700 rows), optionally writes a de-duplicated training file (``dapo-math-17k-dedup.parquet``) and prints
-what one epoch over each file means in rollout and gradient steps for the presets (see ``dapo.plan.estimate``).
+what one epoch over each file means in rollout and gradient steps for the presets (see ``dapo.plan.steps``).
 
 The DAPO row schema (what verl's RLHFDataset and the DAPO reward manager read)::
 
@@ -836,14 +836,14 @@ def prepare(out: str | os.PathLike, *, dedup: bool = False, train_repo: str = TR
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Step semantics for the presets (numbers from dapo.plan.estimate, the single place that computes them)
+# Step semantics for the presets (numbers from dapo.plan.steps, the single place that computes them)
 # --------------------------------------------------------------------------------------------------------------------
 
 
 def epochs_table(files: dict[str, int], presets: Iterable[str]) -> str:
     """What one epoch over each file means for each preset: generation rounds, rollout and gradient steps."""
     from dapo.config import load_preset
-    from dapo.plan.estimate import PAPER_ROLLOUT_STEPS, step_semantics
+    from dapo.plan.steps import PAPER_ROLLOUT_STEPS, step_semantics
 
     header = ("preset", "file", "rows", "gen rounds/epoch", "rollout steps/epoch", "gradient steps/epoch",
               f"epochs for {PAPER_ROLLOUT_STEPS} rollout steps (paper)")
