@@ -11,7 +11,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "report": ("dapo.train.report", "main", "regenerate the DAPO health plots of a run from its metrics.jsonl"),
     "presets": ("dapo.train.cli", "list_main", "list the presets"),
     "data": ("dapo.data.cli", "main", "prepare and validate the training / evaluation parquet files"),
-    "plan": ("dapo.plan.estimate", "main", "memory, tokens, time and GPU-hours of a preset before GPUs are booked"),
+    "plan": ("dapo.plan.cli", "main", "memory, tokens, time and GPU-hours of a preset before GPUs are booked"),
     "eval": ("dapo.eval.cli", "main", "AIME-2024 avg@32 against an OpenAI-compatible endpoint (Ray Serve LLM)"),
     "bench": ("dapo.bench.cli", "main", "benchmarks (ablation ladder, step-time breakdown)"),
 }

@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from dapo.plan import estimate as P
 from dapo.config import load_preset
+from dapo.plan.assumptions import Assumptions
+from dapo.plan.calibration import ANCHORS
+from dapo.plan.cli import main
+from dapo.plan.estimate import make_plan
+from dapo.plan.models import ARCHS, PlanError, arch_from_config
+from dapo.plan.report import DOCS_BEGIN, DOCS_BLOCKS, DOCS_END, markdown_block, render_text
+from dapo.plan.steps import PAPER_ROLLOUT_STEPS, carry_prompts_per_step, step_semantics
 
 GIB = 1024**3
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,13 +45,13 @@ EXPECTED_ANCHORS = {
 
 
 def test_anchor_table_in_the_code_matches_the_cited_measurements():
-    assert {a.name: a.measured_s for a in P.ANCHORS} == pytest.approx(EXPECTED_ANCHORS)
-    for a in P.ANCHORS:
+    assert {a.name: a.measured_s for a in ANCHORS} == pytest.approx(EXPECTED_ANCHORS)
+    for a in ANCHORS:
         world = a.plan().world
         assert f"{world} x" in a.name
 
 
-@pytest.mark.parametrize("anchor", P.ANCHORS, ids=lambda a: a.name)
+@pytest.mark.parametrize("anchor", ANCHORS, ids=lambda a: a.name)
 def test_step_time_estimate_is_within_30_percent_of_published_runs(anchor):
     plan = anchor.plan()
     assert not plan.errors, plan.errors
@@ -55,21 +61,21 @@ def test_step_time_estimate_is_within_30_percent_of_published_runs(anchor):
 
 def test_long_responses_stop_generation_from_scaling_with_gpus():
     """The 7B H20 runs: 64 -> 128 GPUs barely helps (365 -> 356 s/step) because the longest response bounds it."""
-    gen = {a.plan().world: a.plan().time_s["generation"] for a in P.ANCHORS if "7B" in a.name}
+    gen = {a.plan().world: a.plan().time_s["generation"] for a in ANCHORS if "7B" in a.name}
     assert gen[64] / gen[128] < 1.5
-    floor = P.ANCHORS[-1].plan()
+    floor = ANCHORS[-1].plan()
     # never faster than decoding the longest response at the per-iteration latency
-    assert floor.time_s["generation"] >= 28672 * P.Assumptions().decode_iter_overhead_s
+    assert floor.time_s["generation"] >= 28672 * Assumptions().decode_iter_overhead_s
 
 
 # ------------------------------------------------------------------------------------------------ architectures
 
 
-@pytest.mark.parametrize("key", sorted(P.ARCHS))
+@pytest.mark.parametrize("key", sorted(ARCHS))
 def test_architecture_table_matches_transformers_parameter_counts(key):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    a = P.ARCHS[key]
+    a = ARCHS[key]
     cfg = transformers.Qwen2Config(
         hidden_size=a.hidden_size, num_hidden_layers=a.num_layers, num_attention_heads=a.num_heads,
         num_key_value_heads=a.num_kv_heads, intermediate_size=a.intermediate_size, vocab_size=a.vocab_size,
@@ -83,28 +89,28 @@ def test_architecture_table_matches_transformers_parameter_counts(key):
 
 def test_published_sizes_of_the_presets_models():
     # model cards: Qwen2.5-7B 7.61B, Qwen2.5-1.5B 1.54B, Qwen2.5-0.5B 0.49B parameters
-    assert abs(P.ARCHS["qwen2.5-7b"].params / 1e9 - 7.61) < 0.01
-    assert abs(P.ARCHS["qwen2.5-1.5b"].params / 1e9 - 1.54) < 0.01
-    assert abs(P.ARCHS["qwen2.5-0.5b"].params / 1e9 - 0.49) < 0.01
+    assert abs(ARCHS["qwen2.5-7b"].params / 1e9 - 7.61) < 0.01
+    assert abs(ARCHS["qwen2.5-1.5b"].params / 1e9 - 1.54) < 0.01
+    assert abs(ARCHS["qwen2.5-0.5b"].params / 1e9 - 0.49) < 0.01
 
 
 def test_unknown_model_asks_for_a_config_json(tmp_path):
     preset = load_preset("smoke", ["recipe.model.path=acme/Mystery-3B"])
-    with pytest.raises(P.PlanError, match="--model-config"):
-        P.make_plan(preset)
+    with pytest.raises(PlanError, match="--model-config"):
+        make_plan(preset)
     cfg = {"hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
            "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": True,
            "max_position_embeddings": 32768}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    plan = P.make_plan(preset, model_config=str(tmp_path))
+    plan = make_plan(preset, model_config=str(tmp_path))
     assert round(plan.params / 1e9, 2) == 3.09  # Qwen2.5-3B's published size
-    with pytest.raises(P.PlanError, match="lacks num_hidden_layers"):
-        P.arch_from_config({k: v for k, v in cfg.items() if k != "num_hidden_layers"}, "x")
+    with pytest.raises(PlanError, match="lacks num_hidden_layers"):
+        arch_from_config({k: v for k, v in cfg.items() if k != "num_hidden_layers"}, "x")
 
 
 def test_local_backend_preset_is_refused_with_a_pointer():
-    with pytest.raises(P.PlanError, match="local backend"):
-        P.make_plan("tiny")
+    with pytest.raises(PlanError, match="local backend"):
+        make_plan("tiny")
 
 
 # ------------------------------------------------------------------------------------------------ step semantics
@@ -112,15 +118,15 @@ def test_local_backend_preset_is_refused_with_a_pointer():
 
 def test_one_epoch_of_the_duplicated_hub_file_is_months_of_rollout_steps():
     full, early = load_preset("full"), load_preset("early")
-    s = P.step_semantics(full, 1_791_700)
+    s = step_semantics(full, 1_791_700)
     assert (s.gen_rounds_per_epoch, s.rollout_steps_per_epoch) == (1_791_700 // 1536, 1_791_700 // 1536) == (1166,) * 2
     assert s.gradient_steps_per_rollout_step == 512 // 32 == 16
     assert s.gradient_steps_per_epoch == 1166 * 16
-    assert P.step_semantics(early, 1_791_700).rollout_steps_per_epoch == 1_791_700 // 512
-    dedup = P.step_semantics(full, 17_917)
+    assert step_semantics(early, 1_791_700).rollout_steps_per_epoch == 1_791_700 // 512
+    dedup = step_semantics(full, 17_917)
     assert dedup.rollout_steps_per_epoch == 17_917 // 1536
-    assert dedup.epochs_for_paper == pytest.approx(P.PAPER_ROLLOUT_STEPS / (17_917 // 1536))
-    plan = P.make_plan(full)
+    assert dedup.epochs_for_paper == pytest.approx(PAPER_ROLLOUT_STEPS / (17_917 // 1536))
+    plan = make_plan(full)
     assert plan.steps["total_rollout_steps"] == 1166
     assert plan.totals["days"] > 7
     assert any(c.key == "recipe.trainer.total_training_steps" for c in plan.warnings)
@@ -129,14 +135,14 @@ def test_one_epoch_of_the_duplicated_hub_file_is_months_of_rollout_steps():
 def test_dynamic_sampling_overgenerates_and_too_low_keep_rate_is_an_error():
     full = load_preset("full")
     early = load_preset("early")
-    pf, pe = P.make_plan(full), P.make_plan(early)
+    pf, pe = make_plan(full), make_plan(early)
     assert pf.tokens["overgeneration"] == 1536 / 512 and pe.tokens["overgeneration"] == 1.0
     assert pf.tokens["generated_tokens"] == pytest.approx(3 * pe.tokens["generated_tokens"])
     assert pf.tokens["trained_tokens"] == pe.tokens["trained_tokens"]
     # 5% of groups informative: ceil(512 / (1536 * 0.05)) = 7 rounds, within max_num_gen_batches = 10
-    p5 = P.make_plan(full, assumptions=P.Assumptions(keep_rate=0.05))
+    p5 = make_plan(full, assumptions=Assumptions(keep_rate=0.05))
     assert p5.steps["gen_rounds_per_step"] == math.ceil(512 / (1536 * 0.05)) == 7 and not p5.errors
-    p3 = P.make_plan(full, assumptions=P.Assumptions(keep_rate=0.03))  # 12 rounds > 10: the sampler raises
+    p3 = make_plan(full, assumptions=Assumptions(keep_rate=0.03))  # 12 rounds > 10: the sampler raises
     assert [c.key for c in p3.errors] == ["recipe.filter_groups.max_num_gen_batches"]
 
 
@@ -148,27 +154,27 @@ def test_sampler_model_matches_a_simulation_of_the_dynamic_sampler(keep_rate):
     ref = simulate_sampler("reference", B, G, keep_rate, steps=60)
     car = simulate_sampler("carry", B, G, keep_rate, steps=60)
     assert ref["prompts_per_step"] == pytest.approx(math.ceil(B / (G * keep_rate)) * G, rel=0.02)
-    assert car["prompts_per_step"] == pytest.approx(P.carry_prompts_per_step(B, keep_rate), rel=0.05)
+    assert car["prompts_per_step"] == pytest.approx(carry_prompts_per_step(B, keep_rate), rel=0.05)
 
 
 def test_plan_shows_the_step_with_the_reference_and_the_carry_sampler():
-    ref = P.make_plan(load_preset("full"))
-    car = P.make_plan(load_preset("full", ["recipe.filter_groups.mode=carry"]))
+    ref = make_plan(load_preset("full"))
+    car = make_plan(load_preset("full", ["recipe.filter_groups.mode=carry"]))
     r, c = ref.samplers["reference"], ref.samplers["carry"]
     assert r["step_s"] == pytest.approx(ref.time_s["step"]) and r["gen_batches_per_step"] == 1.0
     assert c["prompts_generated"] == 512 / 0.4 and c["generation_s"] < r["generation_s"]
     assert c["gpu_hours"] < r["gpu_hours"]
     assert car.time_s["step"] == pytest.approx(c["step_s"])  # a carry preset's headline numbers are the carry ones
-    text = P.render_text(ref)
+    text = render_text(ref)
     assert "reference 1.00 x 1,536 prompts/step" in text and "carry     0.83 x 1,536 prompts/step" in text
     # without dynamic sampling both samplers are the same step
-    early = P.make_plan(load_preset("early")).samplers
+    early = make_plan(load_preset("early")).samplers
     assert early["reference"] == early["carry"]
 
 
 def test_explicit_steps_override_the_epoch_count():
-    plan = P.make_plan(load_preset("full"), total_rollout_steps=P.PAPER_ROLLOUT_STEPS)
-    assert plan.steps["total_gradient_steps"] == P.PAPER_ROLLOUT_STEPS * 16
+    plan = make_plan(load_preset("full"), total_rollout_steps=PAPER_ROLLOUT_STEPS)
+    assert plan.steps["total_gradient_steps"] == PAPER_ROLLOUT_STEPS * 16
     assert plan.totals["gpu_hours"] == pytest.approx(plan.totals["hours"] * 128)
     per_step = plan.time_s["wall_per_step"] * 128 / 3600
     assert plan.totals["gpu_hours_per_rollout_step"] == pytest.approx(per_step)
@@ -178,7 +184,7 @@ def test_explicit_steps_override_the_epoch_count():
 
 
 def test_the_32b_recipe_fits_its_16_node_placement():
-    plan = P.make_plan(load_preset("full"))
+    plan = make_plan(load_preset("full"))
     assert not plan.errors, plan.errors
     assert plan.memory_gib["train"]["total"] < plan.memory_gib["gpu_memory"]["total"]
     # param + optimizer offload: nothing of FSDP stays on the GPU while vLLM runs
@@ -189,7 +195,7 @@ def test_the_32b_recipe_fits_its_16_node_placement():
 def test_32b_on_one_node_without_offload_cannot_fit():
     preset = load_preset("full", ["placement.nodes=1", "placement.parallel.param_offload=false",
                                   "placement.parallel.optimizer_offload=false"])
-    plan = P.make_plan(preset, "a100")
+    plan = make_plan(preset, "a100")
     keys = [c.key for c in plan.errors]
     assert "placement.parallel.ppo_max_token_len_per_gpu" in keys  # 16 bytes x 32.8B / 8 GPUs alone is 61 GiB
     assert "placement.parallel.gpu_memory_utilization" in keys  # FSDP state + vLLM budget > 80 GiB
@@ -200,7 +206,7 @@ def test_32b_on_one_node_without_offload_cannot_fit():
 
 def test_vllm_without_room_for_one_max_length_sequence_is_an_error():
     preset = load_preset("full", ["placement.parallel.rollout_tp=1", "placement.parallel.gpu_memory_utilization=0.85"])
-    plan = P.make_plan(preset)  # 65.5 GB of bf16 weights on one 80 GB GPU leave no KV cache
+    plan = make_plan(preset)  # 65.5 GB of bf16 weights on one 80 GB GPU leave no KV cache
     assert any(c.key == "placement.parallel.gpu_memory_utilization" and "cannot hold one" in c.message
                for c in plan.errors)
 
@@ -213,20 +219,20 @@ def test_vllm_without_room_for_one_max_length_sequence_is_an_error():
     ("placement.parallel.fsdp_size=48", "placement.parallel.fsdp_size"),
 ])
 def test_divisibility_and_budget_checks_name_the_key_to_change(override, key):
-    plan = P.make_plan(load_preset("full", [override]))
+    plan = make_plan(load_preset("full", [override]))
     assert key in [c.key for c in plan.errors], [str(c) for c in plan.checks]
 
 
 def test_math_7b_without_the_position_override_is_an_error():
-    ok = P.make_plan(load_preset("7b"))
+    ok = make_plan(load_preset("7b"))
     assert not [c for c in ok.errors if "max_position_embeddings" in c.key]
-    bad = P.make_plan(load_preset("7b", ["recipe.model.override_config={}"]))
+    bad = make_plan(load_preset("7b", ["recipe.model.override_config={}"]))
     assert [c.key for c in bad.errors] == ["recipe.model.override_config.max_position_embeddings"]
 
 
 def test_every_runnable_cluster_preset_plans_without_errors():
     for name in ("early", "full", "7b", "smoke"):
-        plan = P.make_plan(name)
+        plan = make_plan(name)
         assert not plan.errors, (name, [str(c) for c in plan.errors])
         assert plan.time_s["step"] > 0 and plan.totals["gpu_hours"] > 0
 
@@ -235,25 +241,25 @@ def test_every_runnable_cluster_preset_plans_without_errors():
 
 
 def test_cli_json_and_text(capsys):
-    assert P.main(["--preset", "smoke", "--json"]) == 0
+    assert main(["--preset", "smoke", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["preset"] == "smoke" and out["world"] == 8 and out["steps"]["total_rollout_steps"] == 20
-    assert P.main(["--preset", "full", "--gpu", "h200", "--nodes", "8", "--steps", "320",
+    assert main(["--preset", "full", "--gpu", "h200", "--nodes", "8", "--steps", "320",
                    "--set", "recipe.data.max_response_length=16384"]) == 0
     text = capsys.readouterr().out
     assert "8 x 8 H200" in text and "longest 16,384" in text and "320 rollout steps = 5,120 gradient steps" in text
-    assert P.main(["--preset", "full", "--set", "placement.parallel.rollout_tp=3"]) == 1
+    assert main(["--preset", "full", "--set", "placement.parallel.rollout_tp=3"]) == 1
     assert "ERROR placement.parallel.rollout_tp" in capsys.readouterr().out
     # a local preset has no GPU plan, only where its loop runs and its volume (tests/test_sizing.py)
-    assert P.main(["--preset", "tiny"]) == 0
+    assert main(["--preset", "tiny"]) == 0
     assert "local backend (one process, no GPU plan)" in capsys.readouterr().out
 
 
 def test_generated_tables_in_docs_are_fresh():
     text = (ROOT / "docs" / "reproduce.md").read_text()
-    for block in P.DOCS_BLOCKS:
-        begin = P.DOCS_BEGIN.format(block=block)
+    for block in DOCS_BLOCKS:
+        begin = DOCS_BEGIN.format(block=block)
         assert begin in text, f"docs/reproduce.md lacks the generated '{block}' table"
-        body = text.split(begin, 1)[1].split(P.DOCS_END, 1)[0].strip()
-        assert body == P.markdown_block(block), (
+        body = text.split(begin, 1)[1].split(DOCS_END, 1)[0].strip()
+        assert body == markdown_block(block), (
             f"docs/reproduce.md '{block}' table is stale: run `dapo plan --update-docs docs/reproduce.md`")

@@ -1,6 +1,6 @@
 """Where the loop runs and what the volume holds (dapo.plan.memory): `dapo plan` reports both and fails when they do not
 fit; the chart and scripts/render.py refuse a volume smaller than the run needs, with the same message, from one
-source (dapo.plan.memory -> charts/dapo/files/requirements.yaml, checked fresh here)."""
+source (dapo.plan.memory, written by dapo.plan.cli -> charts/dapo/files/requirements.yaml, checked fresh here)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from dapo.plan import memory as sizing
+from dapo.plan.cli import requirements_text
 from dapo.config import load_preset
 from dapo.k8s import ValuesError
 from dapo.k8s.presets import runnable_presets
@@ -19,7 +20,7 @@ REQUIREMENTS = CHART_DIR / "files" / "requirements.yaml"
 
 
 def test_chart_requirements_file_is_fresh():
-    assert REQUIREMENTS.read_text() == sizing.requirements_text(), (
+    assert REQUIREMENTS.read_text() == requirements_text(), (
         "charts/dapo/files/requirements.yaml is stale: run "
         "`dapo plan --requirements-file charts/dapo/files/requirements.yaml`")
     assert sorted(yaml.safe_load(REQUIREMENTS.read_text())["presets"]) == runnable_presets()
@@ -64,7 +65,7 @@ def test_an_existing_claim_is_not_sized_by_the_chart():
 
 @pytest.mark.parametrize("name", ["full", "early"])
 def test_the_shipped_values_of_the_32b_runs_hold_the_loop_and_the_checkpoints(name, capsys):
-    from dapo.plan.estimate import main
+    from dapo.plan.cli import main
 
     rc = main(["--preset", name, "--values", str(VALUES_DIR / f"{name}.yaml")])
     out = capsys.readouterr().out
@@ -77,7 +78,7 @@ def test_the_shipped_values_of_the_32b_runs_hold_the_loop_and_the_checkpoints(na
 def test_plan_fails_naming_the_values_key_when_the_loop_does_not_fit_its_worker(tmp_path, capsys):
     """The full recipe's loop (~72 GiB: a 27.8 GiB padded generation batch held twice plus kept rows) does not fit
     a pod of the old head's size; the plan says which value to change."""
-    from dapo.plan.estimate import main
+    from dapo.plan.cli import main
 
     small = tmp_path / "small.yaml"
     small.write_text(yaml.safe_dump({"worker": {"resources": {"limits": {"memory": "320Gi"}}, "shmSize": "64Gi"}}))
@@ -89,7 +90,7 @@ def test_plan_fails_naming_the_values_key_when_the_loop_does_not_fit_its_worker(
 
 
 def test_plan_fails_on_a_too_small_volume_with_the_chart_message(tmp_path, capsys):
-    from dapo.plan.estimate import main
+    from dapo.plan.cli import main
 
     small = tmp_path / "small.yaml"
     small.write_text(yaml.safe_dump({"storage": {"size": "1Ti"}}))
@@ -101,7 +102,7 @@ def test_plan_fails_on_a_too_small_volume_with_the_chart_message(tmp_path, capsy
 
 
 def test_local_preset_plan_reports_the_worker_and_the_volume(capsys):
-    from dapo.plan.estimate import main
+    from dapo.plan.cli import main
 
     assert main(["--preset", "tiny"]) == 0
     out = capsys.readouterr().out

@@ -303,7 +303,7 @@ def cmd_sampler(argv: list[str]) -> int:
     p.add_argument("--keep-rates", default="0.2,0.3,0.4,0.5,0.7")
     p.add_argument("--steps", type=int, default=200)
     args = p.parse_args(argv)
-    from dapo.plan.estimate import carry_prompts_per_step
+    from dapo.plan.steps import carry_prompts_per_step
 
     B, G = args.train_batch_size, args.gen_batch_size
     print(f"train_batch_size {B}, gen_batch_size {G}, {args.steps} simulated steps per cell; generated prompts per "

@@ -1,7 +1,7 @@
 """``dapo data``: the command line of :mod:`dapo.data.prepare` (``prepare``) and of the file checks (``check``),
 and what one epoch over each prepared file means for the presets.
 
-Imports :mod:`dapo.data` and, lazily, ``dapo.config`` and the planner (:mod:`dapo.plan.estimate`, for
+Imports :mod:`dapo.data` and, lazily, ``dapo.config`` and the planner (:mod:`dapo.plan.steps`, for
 :func:`epochs_table`): the only part of the package that reaches the planner.
 """
 
@@ -19,14 +19,14 @@ from dapo.data.prepare import DEDUP_FILE, EXTRA_BENCHMARKS, TRAIN_FILE, TRAIN_RE
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Step semantics for the presets (numbers from dapo.plan.estimate, the single place that computes them)
+# Step semantics for the presets (numbers from dapo.plan.steps, the single place that computes them)
 # --------------------------------------------------------------------------------------------------------------------
 
 
 def epochs_table(files: dict[str, int], presets: Iterable[str]) -> str:
     """What one epoch over each file means for each preset: generation rounds, rollout and gradient steps."""
     from dapo.config import load_preset
-    from dapo.plan.estimate import PAPER_ROLLOUT_STEPS, step_semantics
+    from dapo.plan.steps import PAPER_ROLLOUT_STEPS, step_semantics
 
     header = ("preset", "file", "rows", "gen rounds/epoch", "rollout steps/epoch", "gradient steps/epoch",
               f"epochs for {PAPER_ROLLOUT_STEPS} rollout steps (paper)")

@@ -1,6 +1,6 @@
 """Parquet facts that need no schema: a file's row count, and the error every data module raises.
 
-It sits below every other module of :mod:`dapo.data` and below :mod:`dapo.plan.estimate` (which counts a training
+It sits below every other module of :mod:`dapo.data` and below :mod:`dapo.plan.cli` (which counts a training
 file's rows), so the planner does not import data preparation.
 """
 

@@ -10,7 +10,7 @@ then builds the evaluation benchmarks AIME-2025 (``aime-2025.parquet``, 30 x 32)
 500 x 4) from their hub datasets in the same schema and prompt template (:mod:`dapo.data.benchmarks`; ``--benchmarks``),
 validates every row, reports unique vs total prompts (the hub training file is ~17.9k problems, each repeated ~100
 times: 1,791,700 rows), optionally writes a de-duplicated training file (``dapo-math-17k-dedup.parquet``) and prints
-what one epoch over each file means in rollout and gradient steps for the presets (see ``dapo.plan.estimate``).
+what one epoch over each file means in rollout and gradient steps for the presets (see ``dapo.plan.steps``).
 
 The rows are in the DAPO schema (:mod:`dapo.data.schema`); files are checked, de-duplicated and written by
 :mod:`dapo.data.files`; ``dapo data`` is :mod:`dapo.data.cli`. Imports those, :mod:`dapo.data.parquet`,

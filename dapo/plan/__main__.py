@@ -1,7 +1,7 @@
-"""``python -m dapo.plan`` (= ``dapo plan``), see :mod:`dapo.plan.estimate`."""
+"""``python -m dapo.plan`` (= ``dapo plan``), see :mod:`dapo.plan.cli`."""
 
 import sys
 
-from dapo.plan.estimate import main
+from dapo.plan.cli import main
 
 sys.exit(main())
