@@ -48,7 +48,8 @@ class RayJobs(PodTemplates):
         """``train.runner: reference``: the preset as the reference recipe's arguments, the placement and the
         overrides (Hydra overrides in 4f80e46's key names) replacing generated keys in place."""
         from dapo.config import load_preset
-        from dapo.reference.translate import ReferenceError, apply_overrides, check_override, translate
+        from dapo.reference.command import apply_overrides, check_override
+        from dapo.reference.translate import ReferenceError, translate
 
         try:
             args = translate(load_preset(self.v["preset"])).texts()
@@ -82,7 +83,7 @@ class RayJobs(PodTemplates):
         image, ray_version = f"{v['image']['repository']}:{v['image']['tag']}", v["rayVersion"]
         entrypoint = None
         if v["train"]["runner"] == "reference":
-            from dapo.reference.translate import entrypoint as reference_entrypoint
+            from dapo.reference.command import entrypoint as reference_entrypoint
 
             ref = v["train"]["reference"]
             image, ray_version = f"{ref['image']['repository']}:{ref['image']['tag']}", ref["rayVersion"]
