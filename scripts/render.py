@@ -99,7 +99,7 @@ def apply(objects: list[dict[str, Any]], namespace: str | None) -> None:
         kconfig.load_incluster_config()
     from kubernetes.dynamic.exceptions import NotFoundError
 
-    from dapo.k8s.manifests import upgrade_refusal
+    from dapo.k8s.upgrade import upgrade_refusal
 
     client = dynamic.DynamicClient(api_client.ApiClient())
     # the chart's upgrade guard: never change the spec of an existing RayJob (its next retry would run the change)

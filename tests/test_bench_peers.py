@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from dapo.bench.cli import PEER_SYSTEMS, peer_curve_table, peer_table
+from dapo.bench.peers import PEER_SYSTEMS, peer_curve_table, peer_table
 from dapo.config import load_preset
 from dapo.bench.peers_trl import grpo_kwargs, make_reward_fn
 from dapo.reward import score_responses

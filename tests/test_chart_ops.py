@@ -25,9 +25,10 @@ from conftest import ROOT
 from dapo.train import gpu_check
 from dapo.config import apply_overrides, load_preset
 from dapo.k8s import ValuesError, load_values
-from dapo.k8s.manifests import SPEC_HASH_ANNOTATION, Chart, go_json, spec_sha256, upgrade_refusal
+from dapo.k8s.manifests import Chart
 from dapo.k8s.presets import effective_preset, merged_preset, trainer_path
 from dapo.config import split_overrides
+from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, go_json, spec_sha256, upgrade_refusal
 from k8s_support import (
     CHART_DIR,
     VALUES_DIR,

@@ -3,7 +3,7 @@ preset), and the table counts steps and samples to a target from the validation 
 
 from __future__ import annotations
 
-from dapo.bench.cli import LADDER, _first_reach, ablation_table
+from dapo.bench.ablation import LADDER, _first_reach, ablation_table
 from dapo.config import load_preset
 
 

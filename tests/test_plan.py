@@ -148,7 +148,7 @@ def test_dynamic_sampling_overgenerates_and_too_low_keep_rate_is_an_error():
 
 @pytest.mark.parametrize("keep_rate", [0.25, 0.5, 0.7])  # away from a batch boundary (the model uses ceil)
 def test_sampler_model_matches_a_simulation_of_the_dynamic_sampler(keep_rate):
-    from dapo.bench.cli import simulate_sampler
+    from dapo.bench.sampler import simulate_sampler
 
     B, G = 64, 192  # the full preset's 512 / 1536 ratio, scaled down
     ref = simulate_sampler("reference", B, G, keep_rate, steps=60)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from dapo.reference import command as reference_command
 from dapo.reference import translate as reference
 from dapo.config import list_presets, load_preset
 from dapo.k8s import ValuesError, versions
@@ -292,11 +293,11 @@ def test_render_py_renders_the_reference_sets():
 
 
 def test_python_m_dapo_reference_prints_the_command_for_running_by_hand(capsys):
-    assert reference.main(["--preset", "early", "placement.nodes=4", "--notes"]) == 0
+    assert reference_command.main(["--preset", "early", "placement.nodes=4", "--notes"]) == 0
     out = capsys.readouterr().out
     lines = [line.strip().rstrip("\\").strip() for line in out.splitlines() if not line.startswith("#")]
     assert lines[0] == "python3 -m recipe.dapo.src.main_dapo"
     assert lines[1:] == reference.translate(load_preset("early", ["placement.nodes=4"])).texts()
     assert "trainer.nnodes=4" in lines and "# not passed: recipe.actor.token_mean_scope='minibatch'" in out
-    assert reference.main(["--preset", "tiny"]) == 2
+    assert reference_command.main(["--preset", "tiny"]) == 2
     assert "placement.backend:" in capsys.readouterr().err

@@ -4,7 +4,7 @@ Runs in TRL's own environment (``make setup-trl``: its transformers pin differs 
 
     python -m dapo.bench.peers_trl CONFIG.json
 
-``CONFIG.json`` is written by :func:`dapo.bench.cli.cmd_peers` from the same preset ``dapo train`` uses:
+``CONFIG.json`` is written by :func:`dapo.bench.peers.cmd_peers` from the same preset ``dapo train`` uses:
 :func:`grpo_kwargs` maps it onto ``trl.GRPOConfig`` (pure; tested without TRL). What TRL cannot express is stated
 next to the mapping; the rest matches (model, tokenizer, prompts, prompts x n per step, sampling, max tokens, loss,
 learning rate and schedule, optimizer, grad clip, mini-batches per rollout step). The reward is

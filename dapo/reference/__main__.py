@@ -1,7 +1,7 @@
-"""``python -m dapo.reference --preset full [overrides]``, see :mod:`dapo.reference.translate`."""
+"""``python -m dapo.reference --preset full [overrides]``, see :mod:`dapo.reference.command`."""
 
 import sys
 
-from dapo.reference.translate import main
+from dapo.reference.command import main
 
 sys.exit(main())

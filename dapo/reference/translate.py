@@ -24,9 +24,12 @@ Every leaf key of a preset is handled in exactly one way (tests enumerate them):
 Values must survive the shells the entrypoint passes through (KubeRay's submitter, then Ray's job supervisor):
 letters, digits and ``_.,:/@%+=-`` (plus ``[ ]`` of lists). Anything else is refused naming the key.
 
-``trainer.nnodes`` / ``trainer.n_gpus_per_node`` come from the placement; :func:`apply_overrides` replaces them
-(and any user override of a generated key) in place, and appends overrides of other keys -- Helm does the same with
-the generated file (``charts/dapo/reference/<preset>.yaml``).
+``trainer.nnodes`` / ``trainer.n_gpus_per_node`` come from the placement; :func:`dapo.reference.command.apply_overrides`
+replaces them (and any user override of a generated key) in place, and appends overrides of other keys -- Helm does
+the same with the generated file (``charts/dapo/reference/<preset>.yaml``). :mod:`dapo.reference.command` builds the
+command line (overrides, entrypoint, ``python -m dapo.reference``) from this translation.
+
+Imports :mod:`dapo.config` only.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import dataclasses
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from dapo.config import ConfigError, Preset
 
@@ -47,8 +50,6 @@ MODULE = "recipe.dapo.src.main_dapo"
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 # Characters a value may hold: they mean nothing to bash or sh, so the argument is the same after two shells.
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@%+=-]+$")
-# The first words of a preset key (`dapo train` syntax), which the reference recipe does not understand.
-PRESET_ROOTS = ("recipe", "placement", "local")
 
 # Defaults at 4f80e46 of the keys the reference scripts leave unset (dapo_trainer.yaml, or the `.get(key, default)`
 # of the code that reads them) -> (default, the key is in dapo_trainer.yaml; else Hydra needs `+key=`).
@@ -351,94 +352,5 @@ def _norm(v: Any) -> Any:
     return v
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Overrides and the entrypoint (dapo/k8s/manifests.py and the chart's templates do the same)
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def override_key(text: str) -> str:
-    return text.split("=", 1)[0]
-
-
-def check_override(text: str) -> None:
-    """Overrides of the reference command are Hydra overrides in 4f80e46's key names, not preset keys."""
-    from dapo.k8s.presets import q
-
-    root = override_key(text).lstrip("+~").split(".", 1)[0]
-    if root in PRESET_ROOTS:
-        raise ReferenceError(
-            f"overrides: {q(text)} is a preset key; with train.runner reference the overrides are Hydra overrides "
-            f"of the reference recipe in verl {REFERENCE_COMMIT[:7]}'s key names (e.g. trainer.total_training_steps=5)"
-        )
-
-
-def apply_overrides(args: list[str], overrides: list[str]) -> list[str]:
-    """Replace each argument whose key an override names (the last override of a key wins) in place; append the
-    overrides of other keys in the order they first appear."""
-    last = {override_key(o): o for o in overrides}
-    out, used = [], set()
-    for arg in args:
-        k = override_key(arg)
-        if k in last:
-            out.append(last[k])
-            used.add(k)
-        else:
-            out.append(arg)
-    for o in overrides:
-        k = override_key(o)
-        if k not in used:
-            out.append(last[k])
-            used.add(k)
-    return out
-
-
-def log_dir(args: list[str]) -> str:
-    """``<trainer.default_local_dir>/logs``: where the driver log of each attempt goes (on the shared volume)."""
-    for arg in args:
-        if override_key(arg) == "trainer.default_local_dir":
-            path = arg.split("=", 1)[1]
-            return (path[:-1] if path.endswith("/") else path) + "/logs"
-    raise ReferenceError("trainer.default_local_dir: missing from the reference command")
-
-
-def entrypoint(args: list[str]) -> str:
-    """The RayJob entrypoint: the recipe under :mod:`dapo.reference.attempt_log` (driver log on the shared volume)."""
-    return " ".join(["python3", "-m", "dapo.reference.attempt_log", "--log-dir", log_dir(args), "--", "python3", "-m", MODULE]
-                    + args)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m dapo.reference --preset full [overrides]``: the reference command of a preset, to run by hand
-    (e.g. ``ray job submit --runtime-env-json ... -- <command>`` from /opt/verl of the reproduction image)."""
-    import argparse
-    import json
-    import sys
-
-    from dapo.config import load_preset
-
-    ap = argparse.ArgumentParser(prog="python -m dapo.reference", description=main.__doc__.splitlines()[0])
-    ap.add_argument("--preset", required=True, help="preset name or YAML path")
-    ap.add_argument("overrides", nargs="*", help="preset overrides (recipe.*, placement.*), e.g. placement.nodes=4")
-    ap.add_argument("--notes", action="store_true", help="also list the preset keys that are not passed, and why")
-    args = ap.parse_args(argv)
-    try:
-        preset = load_preset(args.preset, args.overrides)
-        t = translate(preset)
-    except ConfigError as exc:
-        print(f"dapo.reference.translate: {exc}", file=sys.stderr)
-        return 2
-    print(f"# verl {REFERENCE_COMMIT}, preset {preset.name}; runtime env: "
-          + json.dumps({"env_vars": runtime_env(preset)}))
-    print(" \\\n    ".join(["python3 -m " + MODULE] + t.texts()))
-    if args.notes:
-        for key, value, why in t.not_passed:
-            print(f"# not passed: {key}={value!r}: {why}")
-    return 0
-
-
-__all__ = ["MODULE", "REFERENCE_COMMIT", "Arg", "ReferenceError", "Translation", "apply_overrides", "check_override",
-           "entrypoint", "format_value", "leaf_keys", "log_dir", "main", "runtime_env", "translate"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+__all__ = ["MODULE", "REFERENCE_COMMIT", "REFERENCE_DEFAULTS", "Arg", "ReferenceError", "Translation",
+           "format_value", "leaf_keys", "runtime_env", "translate"]

@@ -1,7 +1,8 @@
 {{/* vim: set filetype=mustache: */}}
 {{/*
-Names and labels. dapo/k8s/manifests.py builds the same objects in Python (scripts/render.py); a test renders
-both for every preset and compares them, so change the two together.
+Names and labels. dapo/k8s/manifests.py (on dapo/k8s/context.py, pods.py, rayjobs.py, helm_tests.py) builds the
+same objects in Python (scripts/render.py); a test renders both for every preset and compares them, so change the two
+together.
 */}}
 
 {{/*
@@ -775,7 +776,7 @@ would change what the next retry runs. Same arguments as dapo.rayJob.
 helm upgrade of a live or finished run: KubeRay ignores a change to an existing RayJob's spec, but builds the next
 retry from it (another node count would load 128-rank FSDP shards on 64 ranks). `lookup` reads the RayJob in the
 cluster (nothing during `helm template` / install dry runs) and the upgrade is refused when its spec-sha256 differs.
-dapo.k8s.manifests.upgrade_refusal is the same rule for scripts/render.py --apply.
+dapo.k8s.upgrade.upgrade_refusal is the same rule for scripts/render.py --apply.
 */}}
 {{- define "dapo.upgradeGuard" -}}
 {{- $live := lookup "ray.io/v1" "RayJob" .root.Release.Namespace .name -}}
@@ -807,7 +808,7 @@ securityContext:
 {{- end -}}
 
 {{/*
-The shell script of the shared-volume test pod (dapo.k8s.manifests.SHARED_TEST_SCRIPT is the same text).
+The shell script of the shared-volume test pod (dapo.k8s.helm_tests, shared_test_script, is the same text).
 */}}
 {{- define "dapo.sharedTestScript" -}}
 {{- $mount := trimSuffix "/" .Values.storage.mountPath -}}

@@ -1,0 +1,254 @@
+"""The Ray pods of a RayJob: head and worker group templates, their containers (environment, lifecycle,
+securityContext), volumes and mounts, and the head's init containers (fix-ownership, data-prepare, model-fetch) --
+the chart's ``dapo.rayJob`` pod parts.
+
+Imports :mod:`dapo.k8s.context`, :mod:`dapo.k8s.presets` and :mod:`dapo.k8s.values`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from dapo.k8s.context import ChartContext
+from dapo.k8s.presets import model_repo
+from dapo.k8s.values import hub_offline
+
+DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+SMALL = {"cpu": "100m", "memory": "64Mi"}
+
+
+class PodTemplates(ChartContext):
+    """The pod templates of the head and worker groups, and the pieces they share."""
+
+    def env(self, *, head: bool, kind: str = "train") -> list[dict[str, Any]]:
+        v = self.v
+        s = v["secret"]
+        env: list[dict[str, Any]] = [
+            {"name": "HF_HOME", "value": v["storage"]["hfHome"]},
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": s["name"], "key": s["hfTokenKey"], "optional": s["hfTokenOptional"]}}},
+            # the evaluation never needs wandb
+            {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {
+                "name": s["name"], "key": s["wandbApiKeyKey"],
+                "optional": bool(s["wandbApiKeyOptional"] or kind == "eval")}}},
+        ]
+        if hub_offline(v, self.preset):
+            env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+        if (v.get("wandb") or {}).get("entity"):
+            env.append({"name": "WANDB_ENTITY", "value": v["wandb"]["entity"]})
+        env.append({"name": "RAY_memory_monitor_refresh_ms", "value": "0"})
+        if head:
+            env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})
+        env += [{"name": k, "value": v["nccl"][k]} for k in sorted(v["nccl"])]
+        env += [{"name": k, "value": v["env"][k]} for k in sorted(v["env"])]
+        return env
+
+    def pod_common(self) -> dict[str, Any]:
+        v = self.v
+        out: dict[str, Any] = {}
+        if v.get("serviceAccountName"):
+            out["serviceAccountName"] = v["serviceAccountName"]
+        if v.get("imagePullSecrets"):
+            out["imagePullSecrets"] = copy.deepcopy(v["imagePullSecrets"])
+        if v.get("hostNetwork"):
+            out["hostNetwork"] = True
+            out["dnsPolicy"] = "ClusterFirstWithHostNet"
+        if v.get("priorityClassName"):
+            out["priorityClassName"] = v["priorityClassName"]
+        if v.get("schedulerName"):
+            out["schedulerName"] = v["schedulerName"]
+        if v.get("podSecurityContext"):
+            out["securityContext"] = copy.deepcopy(v["podSecurityContext"])
+        return out
+
+    def pod_annotations(self, own: dict[str, str] | None) -> dict[str, str]:
+        out = dict(DO_NOT_DISRUPT) if self.v["disruption"]["doNotDisrupt"] else {}
+        out.update(own or {})
+        return out
+
+    def ray_container_common(self, *, gpu_check: bool = False) -> dict[str, Any]:
+        lifecycle: dict[str, Any] = {}
+        min_driver = int(self.v["worker"].get("minDriver") or 0)
+        if gpu_check and min_driver > 0:
+            lifecycle["postStart"] = {"exec": {"command": ["python", "-m", "dapo.train.gpu_check", "--min-driver",
+                                                           str(min_driver)]}}
+        lifecycle["preStop"] = {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}
+        out: dict[str, Any] = {"lifecycle": lifecycle}
+        sc = copy.deepcopy(self.v.get("securityContext") or {})
+        if self.v.get("ipcLock"):
+            caps = sc.setdefault("capabilities", {})
+            add = list(caps.get("add") or [])
+            if "IPC_LOCK" not in add:
+                add.append("IPC_LOCK")
+            caps["add"] = add
+        if sc:
+            out["securityContext"] = sc
+        return out
+
+    def volumes(self, *, shm: str, presets: bool, extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        vols: list[dict[str, Any]] = [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+            {"name": "shared", "persistentVolumeClaim": {"claimName": self.claim_name}},
+        ]
+        if presets:
+            vols.append({"name": "presets", "configMap": {"name": self.preset_cm_name}})
+        return vols + copy.deepcopy(extra or [])
+
+    def volume_mounts(self, *, presets: bool, extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        mounts: list[dict[str, Any]] = [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "shared", "mountPath": self.v["storage"]["mountPath"]},
+        ]
+        if presets:
+            mounts.append({"name": "presets", "mountPath": self.v["train"]["presetDir"], "readOnly": True})
+        return mounts + copy.deepcopy(extra or [])
+
+    def hub_env(self) -> list[dict[str, Any]]:
+        v = self.v
+        s = v["secret"]
+        return [
+            {"name": "HF_HOME", "value": v["storage"]["hfHome"]},
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": s["name"], "key": s["hfTokenKey"], "optional": s["hfTokenOptional"]}}},
+        ] + [{"name": k, "value": v["env"][k]} for k in sorted(v["env"])]
+
+    def head_init_containers(self, image: str) -> list[dict[str, Any]]:
+        """fix-ownership (storage.fixOwnership, as root), data-prepare, model-fetch (dataPrep.fetchModel)."""
+        v = self.v
+        out = []
+        if v["storage"]["fixOwnership"]["enabled"]:
+            out.append(self.fix_ownership_init_container(image))
+        if v["dataPrep"]["enabled"]:
+            out.append(self.data_prep_init_container(image))
+            repo = model_repo(self.effective)
+            if repo and v["dataPrep"].get("fetchModel"):
+                out.append({
+                    "name": "model-fetch", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
+                    "command": ["hf", "download", repo], "env": self.hub_env(),
+                    "resources": copy.deepcopy(v["dataPrep"]["resources"]),
+                    "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
+                })
+        return out
+
+    def fix_ownership_init_container(self, image: str) -> dict[str, Any]:
+        v = self.v
+        o = v["storage"]["fixOwnership"]
+        dirs = " ".join(dict.fromkeys(
+            p[:-1] if p.endswith("/") else p for p in (v["storage"]["mountPath"], v["dataPrep"]["outDir"],
+                                                       v["storage"]["hfHome"])))
+        script = (f'set -eu; for d in {dirs}; do mkdir -p "$d"; chown {int(o["uid"])}:{int(o["gid"])} "$d"; '
+                  f'chmod 2775 "$d"; done; ls -ld {dirs}')
+        return {
+            "name": "fix-ownership", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
+            "command": ["/bin/sh", "-c", script],
+            "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
+            "resources": {"requests": dict(SMALL), "limits": dict(SMALL)},
+            "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
+        }
+
+    def data_prep_init_container(self, image: str) -> dict[str, Any]:
+        v = self.v
+        d = v["dataPrep"]
+        cmd = ["dapo", "data", "prepare", "--out", d["outDir"]] + (["--dedup"] if d["dedup"] else []) + list(
+            d["extraArgs"]
+        )
+        s = v["secret"]
+        return {
+            "name": "data-prepare",
+            "image": image,
+            "imagePullPolicy": v["image"]["pullPolicy"],
+            "command": cmd,
+            "env": [
+                {"name": "HF_HOME", "value": v["storage"]["hfHome"]},
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+                    "name": s["name"], "key": s["hfTokenKey"], "optional": s["hfTokenOptional"]}}},
+            ] + [{"name": k, "value": v["env"][k]} for k in sorted(v["env"])],
+            "resources": copy.deepcopy(d["resources"]),
+            "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
+        }
+
+    def head_group(self, *, kind: str, image: str, presets: bool) -> dict[str, Any]:
+        v = self.v
+        h = v["head"]
+        meta: dict[str, Any] = {"labels": {**self.selector_labels(f"{kind}-head"), **(h.get("labels") or {})}}
+        annotations = self.pod_annotations(h.get("annotations"))
+        if annotations:
+            meta["annotations"] = annotations
+        spec: dict[str, Any] = self.pod_common()
+        if h.get("restartPolicy"):
+            spec["restartPolicy"] = h["restartPolicy"]
+        if h.get("runtimeClassName"):
+            spec["runtimeClassName"] = h["runtimeClassName"]
+        for key in ("nodeSelector", "tolerations", "affinity"):
+            if h.get(key):
+                spec[key] = copy.deepcopy(h[key])
+        init = self.head_init_containers(image)
+        if init:
+            spec["initContainers"] = init
+        container = {
+            "name": "ray-head",
+            "image": image,
+            "imagePullPolicy": v["image"]["pullPolicy"],
+            "ports": [
+                {"name": "gcs-server", "containerPort": 6379},
+                {"name": "dashboard", "containerPort": 8265},
+                {"name": "client", "containerPort": 10001},
+                {"name": "serve", "containerPort": 8000},
+            ],
+            "env": self.env(head=True, kind=kind),
+            "resources": copy.deepcopy(h["resources"]),
+            "volumeMounts": self.volume_mounts(presets=presets, extra=h.get("extraVolumeMounts")),
+            **self.ray_container_common(),
+        }
+        spec["containers"] = [container] + copy.deepcopy(h.get("sidecarContainers") or [])
+        spec["volumes"] = self.volumes(shm=h["shmSize"], presets=presets, extra=h.get("extraVolumes"))
+        return {"rayStartParams": dict(h["rayStartParams"]), "template": {"metadata": meta, "spec": spec}}
+
+    def worker_group(self, *, kind: str, image: str, nodes: int, gpus: int, presets: bool) -> dict[str, Any]:
+        v = self.v
+        w = v["worker"]
+        meta: dict[str, Any] = {"labels": {**self.selector_labels(f"{kind}-worker"), **(w.get("labels") or {})}}
+        annotations = self.pod_annotations(w.get("annotations"))
+        if annotations:
+            meta["annotations"] = annotations
+        spec: dict[str, Any] = self.pod_common()
+        if w.get("runtimeClassName"):
+            spec["runtimeClassName"] = w["runtimeClassName"]
+        for key in ("nodeSelector", "tolerations"):
+            if w.get(key):
+                spec[key] = copy.deepcopy(w[key])
+        affinity = copy.deepcopy(w.get("affinity") or {})
+        if w["onePerHost"]:
+            affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": self.selector_labels(f"{kind}-worker")},
+            }]}
+        if affinity:
+            spec["affinity"] = affinity
+        resources = copy.deepcopy(w["resources"])
+        for section in ("requests", "limits"):
+            r = resources.get(section) or {}
+            if gpus > 0:  # a CPU worker group (local backend) requests no GPU
+                r["nvidia.com/gpu"] = str(gpus)
+            r.update(copy.deepcopy(w.get("extraResources") or {}))
+            resources[section] = r
+        container = {
+            "name": "ray-worker",
+            "image": image,
+            "imagePullPolicy": v["image"]["pullPolicy"],
+            "env": self.env(head=False, kind=kind),
+            "resources": resources,
+            "volumeMounts": self.volume_mounts(presets=presets, extra=w.get("extraVolumeMounts")),
+            **self.ray_container_common(gpu_check=gpus > 0),
+        }
+        spec["containers"] = [container] + copy.deepcopy(w.get("sidecarContainers") or [])
+        spec["volumes"] = self.volumes(shm=w["shmSize"], presets=presets, extra=w.get("extraVolumes"))
+        return {
+            "groupName": w["groupName"],
+            "replicas": nodes,
+            "minReplicas": nodes,
+            "maxReplicas": nodes,
+            "rayStartParams": dict(w.get("rayStartParams") or {}),
+            "template": {"metadata": meta, "spec": spec},
+        }
