@@ -288,12 +288,13 @@ def compare(name: str) -> tuple[list[dict[str, Any]], str]:
     from omegaconf import OmegaConf
 
     from dapo.backends.verl import config as verl_config
+    from dapo.backends.verl import settings as verl_settings
     from dapo.config import load_preset
 
     preset = load_preset(name)
     resolved = verl_config.resolve(preset)
     cfg = resolved.cfg
-    sources = {s.key: s.source for s in verl_config.settings(preset)}
+    sources = {s.key: s.source for s in verl_settings.settings(preset)}
     script, values = SCRIPTS[name]
     rows = []
     for origin, table in (("script", values), ("default", REFERENCE_DEFAULTS)):
@@ -315,7 +316,7 @@ def compare(name: str) -> tuple[list[dict[str, Any]], str]:
                 "ref": _fmt(ref_val),
                 "key": key,
                 "ours": _fmt(ours),
-                "preset": src if not src.startswith("fixed") else "fixed in dapo.backends.verl.config",
+                "preset": src if not src.startswith("fixed") else "fixed in dapo.backends.verl.settings",
                 "status": status,
                 "raw_key": ref_key,
             })

@@ -163,7 +163,7 @@ def test_verl_backend_leaves_rotation_to_dapo_checkpoint():
     nothing; dapo.train.checkpoint.prune (which scans the directory) does it for both backends."""
     from types import SimpleNamespace
 
-    from dapo.backends.verl.backend import RayWorkers
+    from dapo.backends.verl.workers import RayWorkers
 
     calls = []
 

@@ -19,6 +19,8 @@ pytest.importorskip("verl")
 from omegaconf import OmegaConf  # noqa: E402
 
 from dapo.backends.verl import config as verl_config  # noqa: E402
+from dapo.backends.verl import passthrough as verl_passthrough  # noqa: E402
+from dapo.backends.verl import settings as verl_settings  # noqa: E402
 from dapo.config import ConfigError, load_preset  # noqa: E402
 
 # ---- the recipe, as the issue lists it ------------------------------------------------------------------------------
@@ -149,7 +151,7 @@ def test_7b_raises_the_model_context_that_the_base_model_ships_too_short():
 
 
 def test_hydra_overrides_are_what_verl_main_ppo_takes():
-    ov = verl_config.hydra_overrides(load_preset("7b"))
+    ov = verl_settings.hydra_overrides(load_preset("7b"))
     assert "+actor_rollout_ref.model.override_config.max_position_embeddings=32768" in ov
     assert "+reward.reward_kwargs.overlong_buffer_cfg.len=4096" in ov
     assert "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_USE_V1='1'" in ov
@@ -157,7 +159,7 @@ def test_hydra_overrides_are_what_verl_main_ppo_takes():
 
 
 def test_fast_composition_equals_a_full_hydra_compose():
-    ov = verl_config.hydra_overrides(load_preset("7b")) + ["trainer.log_val_generations=3"]
+    ov = verl_settings.hydra_overrides(load_preset("7b")) + ["trainer.log_val_generations=3"]
     fast = OmegaConf.to_container(verl_config.compose(ov), resolve=True)
     full = OmegaConf.to_container(verl_config._hydra_compose(ov), resolve=True)
     assert fast == full
@@ -215,7 +217,7 @@ def test_the_train_help_example_key_passes_through():
 
     text = " ".join(build_parser().format_help().split())
     example = re.search(r"e\.g\. (actor_rollout_ref\.\S+=\S+)", text).group(1)
-    assert verl_config.passthrough_refusal(example.split("=")[0]) is None
+    assert verl_passthrough.passthrough_refusal(example.split("=")[0]) is None
     verl_config.resolve(load_preset("full"), [example])
 
 

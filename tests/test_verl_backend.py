@@ -5,7 +5,7 @@ repeat/union/index/concat, verl's seq-length balancing, verl's DAPO reward manag
 placement), verl's actor config dataclass and policy-loss registry (the stand-in's update runs our registered loss
 through them), our sampler and loop.
 
-What is a STAND-IN: :class:`CpuStandInWorkers` replaces the GPU side, ``dapo.backends.verl.backend.RayWorkers`` (FSDP actor +
+What is a STAND-IN: :class:`CpuStandInWorkers` replaces the GPU side, ``dapo.backends.verl.workers.RayWorkers`` (FSDP actor +
 vLLM replicas on Ray, which cannot run without GPUs). It has no model: responses come from a fixed script per
 prompt group, log-probs from a fixed formula; it records every call so the tests can check what the backend would
 send to the GPUs. A character-level tokenizer stands in for the model's tokenizer.
@@ -31,7 +31,8 @@ from verl.workers.reward_manager.dapo import DAPORewardManager  # noqa: E402
 import dapo.backends.verl.loss  # noqa: E402,F401  (registers loss_mode=dapo, as VERL_USE_EXTERNAL_MODULES does on workers)
 from dapo.backends.verl import config as verl_config  # noqa: E402
 from dapo.backends.base import Sampling  # noqa: E402
-from dapo.backends.verl.backend import VerlBackend, balance_order  # noqa: E402
+from dapo.backends.verl.backend import VerlBackend  # noqa: E402
+from dapo.backends.verl.batch import balance_order  # noqa: E402
 from dapo.config import ConfigError, load_preset  # noqa: E402
 from dapo.sampler import DynamicSampler  # noqa: E402
 
@@ -421,7 +422,7 @@ def test_the_dapo_loop_runs_and_resumes_on_the_verl_backend_over_the_stand_in(se
 
 def test_a_resumed_run_seeds_the_rollout_engines_by_the_resume_step(setup, tmp_path):
     from dapo.train import checkpoint as ckpt
-    from dapo.backends.verl.backend import reseed_rollout_for_resume, resume_step
+    from dapo.backends.verl.run import reseed_rollout_for_resume, resume_step
 
     preset, cfg = setup
     assert resume_step(preset, str(tmp_path)) == 0  # nothing to resume

@@ -5,7 +5,7 @@ Real here: ``RayPPOTrainer._compute_old_log_prob`` / ``_compute_ref_log_prob`` /
 ``left_right_2_no_padding`` / ``no_padding_2_padding``, the data-parallel split of verl's dispatch
 (``_split_args_kwargs_data_proto``) and its collect (``BatchData.concat``), the engine worker's per-rank mini-batch
 iterator (``tensordict_utils.make_iterator``), ``prepare_micro_batches``, and ``verl.workers.utils.losses.ppo_loss``
-with our registered ``dapo`` loss, plus :class:`dapo.backends.verl.backend.RayWorkers` itself.
+with our registered ``dapo`` loss, plus :class:`dapo.backends.verl.workers.RayWorkers` itself.
 
 FAKE (the Ray side): the worker group runs its ranks one after the other in this process, in lock step per
 mini-batch like the real ranks (the global token count is the sum over ranks: verl's all-reduce; the gradient is
@@ -27,7 +27,8 @@ ray_trainer = pytest.importorskip("verl.trainer.ppo.ray_trainer", reason="verl's
 
 import dapo.backends.verl.loss  # noqa: E402,F401  (registers loss_mode=dapo, as VERL_USE_EXTERNAL_MODULES does)
 from dapo.backends.verl import config as verl_config  # noqa: E402
-from dapo.backends.verl.backend import RayWorkers, VerlBackend  # noqa: E402
+from dapo.backends.verl.backend import VerlBackend  # noqa: E402
+from dapo.backends.verl.workers import RayWorkers  # noqa: E402
 from dapo.config import load_preset  # noqa: E402
 from dapo.loss import kl_penalty, policy_loss  # noqa: E402
 from test_verl_backend import SMALL, CharTokenizer, _rows  # noqa: E402
@@ -296,7 +297,7 @@ def test_the_old_log_prob_pass_sees_verls_balanced_order_and_outputs_come_back_i
     wg.compute_log_prob = spy
     r = backend.generate(_rows(4), __import__("test_verl_backend")._train_sampling(preset), group_ids=[0, 1, 2, 3])
     backend.compute_old_log_probs(r)
-    from dapo.backends.verl.backend import balance_order
+    from dapo.backends.verl.batch import balance_order
 
     order, _ = balance_order(r.data.batch["attention_mask"], DP)
     assert not np.array_equal(order, np.arange(len(order)))
@@ -333,7 +334,7 @@ def test_the_loop_syncs_weights_once_per_step_after_the_save_in_verls_order(tmp_
 def test_verls_reward_loop_scores_the_rollout_again_only_with_verl_agreement(agreement):
     import inspect
 
-    from dapo.backends.verl.backend import dapo_trainer_class
+    from dapo.backends.verl.workers import dapo_trainer_class
 
     # the hook point: init_workers assigns self.reward_loop_manager and hands its workers to the agent loop
     src = inspect.getsource(ray_trainer.RayPPOTrainer.init_workers)
@@ -350,7 +351,7 @@ def test_verls_reward_loop_scores_the_rollout_again_only_with_verl_agreement(agr
 
 
 def test_balance_order_is_verls_own_balance_batch():
-    from dapo.backends.verl.backend import balance_order
+    from dapo.backends.verl.batch import balance_order
 
     g = torch.Generator().manual_seed(4)
     lengths = torch.randint(3, 60, (16,), generator=g)

@@ -4,7 +4,7 @@ This is also the RayJob entrypoint on a cluster. It loads the preset (strict), a
 the backend the preset's placement names:
 
 - ``placement.backend: local`` -> :mod:`dapo.backends.local.backend` (HF transformers in this process, CPU or one GPU)
-- ``placement.backend: verl``  -> :mod:`dapo.backends.verl.backend` (verl worker groups on Ray)
+- ``placement.backend: verl``  -> :mod:`dapo.backends.verl.run` (verl worker groups on Ray)
 
 Every attempt (not ``--dry-run``) tees its stdout and stderr into ``<run dir>/logs/attempt-<N>.log`` (N = the
 next free number; :mod:`dapo.train.runlog`), so the driver log of a failed attempt outlives the Ray head that ran it. The
@@ -14,7 +14,7 @@ Overrides: ``recipe.…``, ``placement.…``, ``local.…`` keys address the pre
 ``key=value`` is passed verbatim to verl's Hydra config (verl backend only; Hydra rejects unknown keys, a key
 the preset owns -- e.g. ``trainer.nnodes`` -- is rejected with the preset key to use, here ``placement.nodes``, and a
 key only verl's own ``RayPPOTrainer.fit()`` reads -- e.g. ``trainer.esi_redundant_time`` -- is rejected with the
-reason: see :data:`dapo.backends.verl.config.PASSTHROUGH_REFUSED`).
+reason: see :data:`dapo.backends.verl.passthrough.PASSTHROUGH_REFUSED`).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _run(preset, args: argparse.Namespace, verl_overrides: list[str]) -> int:
             from dapo.backends.local.backend import run as run_backend
 
             return int(run_backend(preset, args) or 0)
-        from dapo.backends.verl.backend import run as run_backend
+        from dapo.backends.verl.run import run as run_backend
 
         return int(run_backend(preset, args, verl_overrides) or 0)
     except ConfigError as exc:

@@ -1,6 +1,17 @@
 """The verl backend: the DAPO loop driving verl 0.9.1's worker groups on Ray.
 
-- :mod:`dapo.backends.verl.config`: a preset -> verl's own ``ppo_trainer`` config (Hydra overrides, checked by verl).
+Preset -> verl config:
+
+- :mod:`dapo.backends.verl.settings`: the preset -> verl key table and its Hydra overrides (``LOSS_MODULE``).
+- :mod:`dapo.backends.verl.passthrough`: which verl keys outside the preset a user may pass, and why others are refused.
+- :mod:`dapo.backends.verl.placement`: placement and budget checks of a composed config (model head counts, context).
+- :mod:`dapo.backends.verl.config`: composes verl's own ``ppo_trainer`` config, checks it, runs verl's validation.
+
+The backend:
+
 - :mod:`dapo.backends.verl.loss`: the DAPO policy loss registered in verl's loss registry (``loss_mode=dapo``).
-- :mod:`dapo.backends.verl.backend`: the backend itself, verl's trainer methods and data path under our loop.
+- :mod:`dapo.backends.verl.batch`: ``DataProto`` helpers (reward placement, verl's balanced batch order).
+- :mod:`dapo.backends.verl.workers`: the GPU side -- the ``VerlWorkers`` seam and ``RayWorkers``, verl's worker groups.
+- :mod:`dapo.backends.verl.backend`: ``VerlBackend``, verl's trainer methods and data path under our loop.
+- :mod:`dapo.backends.verl.run`: the ``dapo train`` entrypoint for ``placement.backend: verl``.
 """

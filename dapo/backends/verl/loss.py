@@ -21,7 +21,8 @@ Importing this module registers two loss modes (never overwriting an existing na
   microbatch`` selects it).
 
 Ray workers import this module through ``VERL_USE_EXTERNAL_MODULES=dapo.backends.verl.loss`` (verl's
-``__init__`` imports the listed modules in every process), which :mod:`dapo.backends.verl.config` puts in the runtime env.
+``__init__`` imports the listed modules in every process), which :mod:`dapo.backends.verl.settings` puts in the
+runtime env (``LOSS_MODULE``).
 """
 
 from __future__ import annotations

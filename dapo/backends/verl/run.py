@@ -1,0 +1,118 @@
+"""``dapo train`` for ``placement.backend: verl``: resolve and validate verl's config, print it, train.
+
+:func:`run` resolves and validates verl's config (:mod:`dapo.backends.verl.config`) before anything touches Ray,
+prints it under :func:`describe`'s header, and (unless ``--dry-run``) starts Ray, builds the worker groups
+(:class:`dapo.backends.verl.workers.RayWorkers`) and the backend (:class:`dapo.backends.verl.backend.VerlBackend`) and
+runs the DAPO loop (:mod:`dapo.train.loop`). :func:`resume_step` and :func:`reseed_rollout_for_resume` seed the vLLM
+engines of a resumed run by its resume step.
+
+Imports this package's ``backend`` and ``workers`` (and lazily ``config``, ``loss``, the loop, the checkpoint
+helpers and the local backend's row reader); it sits on top of the package (no module of it imports this one).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from dapo.backends.verl.backend import VerlBackend
+from dapo.backends.verl.workers import RayWorkers
+from dapo.config import ConfigError, Preset
+
+__all__ = ["describe", "run", "resume_step", "reseed_rollout_for_resume"]
+
+
+def describe(preset: Preset, resolved: Any) -> str:
+    """The header printed above the resolved config: what verl runs and what our loop does on top."""
+    r = preset.recipe
+    fg = r.filter_groups
+    lines = [
+        f"# dapo train --preset {preset.name}: verl 0.9.1 configuration (resolved; validated by verl.utils.config."
+        "validate_config)",
+        f"# world: {preset.placement.nodes} nodes x {preset.placement.gpus_per_node} GPUs; the DAPO loop (dapo.train.loop) "
+        "drives verl's worker groups",
+        "# dynamic sampling (dapo.train.loop, not verl's trainer): "
+        + (f"on, metric {fg.metric}, max_num_gen_batches {fg.max_num_gen_batches}, mode {fg.mode}, "
+           f"gen_batch_size {r.data.gen_batch_size or r.data.train_batch_size}" if fg.enable else "off"),
+        f"# policy loss: actor_rollout_ref.actor.policy_loss.loss_mode="
+        f"{resolved.cfg.actor_rollout_ref.actor.policy_loss.loss_mode} (token_mean_scope {r.actor.token_mean_scope})",
+    ]
+    lines += [f"# note: {n}" for n in resolved.notes]
+    return "\n".join(lines)
+
+
+def _read_rows(files: list[str], what: str) -> list[dict[str, Any]]:
+    from dapo.backends.local.backend import _read_rows as read
+
+    return read(files, what)
+
+
+def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
+    """Resolve + validate verl's config (before Ray), print it; unless ``--dry-run``, train with the DAPO loop."""
+    from dapo.backends.verl import config as verl_config
+
+    if getattr(args, "run_dir", None):
+        raise ConfigError("--run-dir is for the local backend; on verl set recipe.trainer.default_local_dir=...")
+    resolved = verl_config.resolve(preset, verl_overrides)
+    print(describe(preset, resolved))
+    print(verl_config.to_yaml(resolved.cfg), flush=True)
+    if getattr(args, "dry_run", False):
+        return 0
+
+    import ray
+
+    from dapo.train.loop import DAPOLoop
+
+    cfg = resolved.cfg
+    env = verl_config.runtime_env(cfg)
+    os.environ.update({k: str(v) for k, v in env.get("env_vars", {}).items()})
+    if not ray.is_initialized():
+        ray.init(runtime_env=env, **{k: v for k, v in dict(cfg.ray_kwargs.ray_init).items() if k != "runtime_env"
+                                     and v is not None})
+    import dapo.backends.verl.loss  # noqa: F401  (the driver resolves loss names too)
+
+    train_rows = _read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
+    val_rows = _read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
+    total_steps = preset.recipe.trainer.total_training_steps or _steps_for(preset, len(train_rows))
+    run_dir = str(cfg.trainer.default_local_dir)
+    reseed_rollout_for_resume(cfg, resume_step(preset, run_dir))
+    workers = RayWorkers(cfg, total_steps, verl_agreement=preset.recipe.reward.verl_agreement)
+    backend = VerlBackend(cfg, preset, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
+    loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False))
+    try:
+        return int(loop.fit() or 0)
+    finally:
+        backend.close()
+
+
+def resume_step(preset: Preset, run_dir: str) -> int:
+    """The step the loop will resume from (``resume_mode: auto`` and a complete checkpoint), else 0."""
+    if preset.recipe.trainer.resume_mode != "auto":
+        return 0
+    from dapo.train import checkpoint as ckpt
+
+    latest = ckpt.latest(ckpt.checkpoint_root(run_dir))
+    return int(ckpt.load_loop_state(latest)["step"]) if latest is not None else 0
+
+
+def reseed_rollout_for_resume(cfg: Any, step: int) -> Optional[int]:
+    """vLLM's sampling generator lives in the engines and is not checkpointable: a restarted engine starts its stream
+    from ``rollout.seed`` again, so a resumed run would replay the random stream of step 1. Seed the engines with
+    ``rollout.seed + step`` instead: a resume from step ``s`` always draws the same stream (reproducible per resume
+    point), though not the uninterrupted run's (docs/verl.md, Resume). Returns the new seed (None: step 0)."""
+    if step <= 0:
+        return None
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        cfg.actor_rollout_ref.rollout.seed = int(cfg.actor_rollout_ref.rollout.seed) + int(step)
+    return int(cfg.actor_rollout_ref.rollout.seed)
+
+
+def _steps_for(preset: Preset, n_rows: int) -> int:
+    """verl's count when total_training_steps is null: generation batches per epoch x epochs."""
+    d = preset.recipe.data
+    per_epoch = n_rows // (d.gen_batch_size or d.train_batch_size)
+    if per_epoch < 1:
+        raise ConfigError(f"recipe.data.train_files hold {n_rows} prompts, fewer than one generation batch")
+    return per_epoch * preset.recipe.trainer.total_epochs
