@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from dapo.k8s.presets import go_quote
+from dapo.util.gofmt import go_quote
 
 VENV_BIN = Path(sys.executable).parent
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}

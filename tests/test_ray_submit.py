@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dapo.k8s.presets import go_quote
+from dapo.util.gofmt import go_quote
 from k8s_support import by_key, helm_objects, set_files, user_values
 from kuberay_loopback import stop_marked_processes
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from dapo.k8s.presets import go_quote
+from dapo.util.gofmt import go_quote
 from k8s_support import (
     CHART_DIR,
     by_key,

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from dapo.config import PRESET_DIR, PRESET_ROOTS, deep_merge
+from dapo.util.gofmt import go_string, q
 
 PRESET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 MAX_CHAIN = 16
@@ -23,30 +24,6 @@ MAX_CHAIN = 16
 
 class ValuesError(ValueError):
     """Bad chart values or an impossible combination; the message starts with the offending key."""
-
-
-def go_quote(s: str) -> str:
-    """Go's ``quote`` (strconv.Quote): a double-quoted string that YAML reads back unchanged."""
-    named = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v",
-             '"': '\\"', "\\": "\\\\"}
-    out = []
-    for ch in s:
-        if ch in named:
-            out.append(named[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x80:
-            out.append(f"\\x{ord(ch):02x}")
-        elif ord(ch) < 0x10000:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(f"\\U{ord(ch):08x}")
-    return '"' + "".join(out) + '"'
-
-
-def q(value: Any) -> str:
-    """Quote a value in a message the way the chart's `printf "%q"` does, so both say the same."""
-    return go_quote(str(value))
 
 
 def runnable_presets(preset_dir: Path = PRESET_DIR) -> list[str]:
@@ -127,15 +104,6 @@ def model_repo(preset: dict[str, Any]) -> str:
     """The chart's ``dapo.modelRepo``: the Hugging Face repo id of the preset's model, "" for built-in / local."""
     path = go_string(((preset.get("recipe") or {}).get("model") or {}).get("path") or "")
     return path if HUB_REPO.fullmatch(path) else ""
-
-
-def go_string(value: Any) -> str:
-    """Go template ``toString`` of a scalar read from YAML (numbers arrive as float64 there)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
-        return str(int(value))
-    return str(value)
 
 
 def trainer_path(path: str, trainer: dict[str, Any]) -> str:

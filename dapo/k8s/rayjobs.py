@@ -12,7 +12,8 @@ import copy
 from typing import Any
 
 from dapo.k8s.pods import PodTemplates
-from dapo.k8s.presets import ValuesError, go_quote, go_string, preset_files, q, trainer_path
+from dapo.k8s.presets import ValuesError, preset_files, trainer_path
+from dapo.util.gofmt import go_quote, go_string, q
 from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, spec_sha256
 
 # Every job's runtime env: a driver calling ray.init(runtime_env=...) merges with it (Ray 2.60 refuses keys set in

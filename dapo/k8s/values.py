@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from dapo.k8s.presets import ValuesError, effective_preset, go_string, merged_preset, model_repo, preset_chain, q
+from dapo.k8s.presets import ValuesError, effective_preset, merged_preset, model_repo, preset_chain
+from dapo.util.gofmt import go_string, q
 from dapo.k8s.versions import MAX_RAYJOB_NAME
 
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")

@@ -23,7 +23,7 @@ def override_key(text: str) -> str:
 
 def check_override(text: str) -> None:
     """Overrides of the reference command are Hydra overrides in 4f80e46's key names, not preset keys."""
-    from dapo.k8s.presets import q
+    from dapo.util.gofmt import q
 
     root = override_key(text).lstrip("+~").split(".", 1)[0]
     if root in PRESET_ROOTS:
