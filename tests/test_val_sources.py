@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dapo.data import benchmarks
-from dapo.backends.local.backend import _read_rows
+from dapo.backends.local.run import _read_rows
 from dapo.config import load_preset
 from dapo.data.prepare import write_rows
 from dapo.train.loop import DAPOLoop

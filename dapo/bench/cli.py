@@ -88,9 +88,10 @@ def run_one(
     """Train one configuration with the local backend in this process; returns its summary (+ the val curve)."""
     import torch
 
-    from dapo.backends.local.backend import build
+    from dapo.backends.local.run import build
     from dapo.config import load_preset
-    from dapo.train.loop import DAPOLoop, configure_determinism
+    from dapo.train.loop import DAPOLoop
+    from dapo.train.stream import configure_determinism
 
     if threads:
         torch.set_num_threads(threads)
@@ -435,7 +436,7 @@ def cmd_peers(argv: list[str]) -> int:
     # the systems' own settings come last: they define the system whatever the shared overrides say
     preset = load_preset(args.preset, common + args.overrides + ds_off)
     assets_dir = out / "assets"
-    from dapo.backends.local.backend import _read_rows
+    from dapo.backends.local.run import _read_rows
     from dapo.tiny.assets import prepare
 
     assets = prepare(preset.local, assets_dir, log=print)

@@ -670,7 +670,7 @@ def describe(preset: Preset, resolved: Any) -> str:
 
 
 def _read_rows(files: list[str], what: str) -> list[dict[str, Any]]:
-    from dapo.backends.local.backend import _read_rows as read
+    from dapo.backends.local.run import _read_rows as read
 
     return read(files, what)
 
