@@ -92,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
 def run_model(model: str, args, run_dir: Path) -> dict:
     import torch
 
-    from dapo.backends.local.backend import build
+    from dapo.backends.local.run import build
     from dapo.config import load_preset
-    from dapo.train.loop import DAPOLoop, configure_determinism
+    from dapo.train.loop import DAPOLoop
+    from dapo.train.stream import configure_determinism
 
     if args.smoke:
         hidden, layers, heads, inter = 64, 1, 2, 128

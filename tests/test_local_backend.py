@@ -1,4 +1,4 @@
-"""The local backend (dapo.backends.local.backend) on a small randomly initialised Qwen2 model: shared-prefix forward equals the
+"""The local backend (dapo.backends.local) on a small randomly initialised Qwen2 model: shared-prefix forward equals the
 plain forward, generation masks, mini-batch token-mean under micro-batching, verl's warm-up schedule, checkpoints."""
 
 from __future__ import annotations
@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from dapo.backends.base import Sampling
-from dapo.backends.local.backend import LocalBackend, _read_rows, prompt_forward
+from dapo.backends.local.backend import LocalBackend
+from dapo.data.files import read_rows
 from dapo.config import load_preset
 from dapo.tiny.assets import prepare
+from dapo.util.lm_forward import prompt_forward
 
 SMALL = [
     "local.model.hidden_size=64", "local.model.num_hidden_layers=1", "local.model.num_attention_heads=2",
@@ -24,7 +26,7 @@ SMALL = [
 def assets(tmp_path_factory):
     preset = load_preset("tiny", SMALL)
     a = prepare(preset.local, tmp_path_factory.mktemp("assets"), log=lambda s: None)
-    rows = _read_rows([str(a.train_file)], "train")
+    rows = read_rows([str(a.train_file)], "train")
     return preset, a, rows
 
 

@@ -11,7 +11,8 @@ import pytest
 from dapo.advantage import group_advantages
 from dapo.config import load_preset
 from dapo.train.health import EXIT_SAMPLER_EXHAUSTED
-from dapo.train.loop import DAPOLoop, PromptStream
+from dapo.train.loop import DAPOLoop
+from dapo.train.stream import PromptStream
 from dapo.train.metrics import METRICS, describe, read_jsonl
 from dapo.reward import compute_score
 from loop_support import ScriptedBackend, make_rows

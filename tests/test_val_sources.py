@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dapo.data import benchmarks
-from dapo.backends.local.backend import _read_rows
+from dapo.data.files import read_rows
 from dapo.config import load_preset
 from dapo.data.files import write_rows
 from dapo.train.loop import DAPOLoop
@@ -41,7 +41,7 @@ def test_several_val_files_give_one_val_core_metric_per_data_source_equal_to_ver
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     files = val_files(tmp_path)
-    rows = _read_rows(files, "recipe.data.val_files")  # what both backends (local, verl) read
+    rows = read_rows(files, "recipe.data.val_files")  # what both backends (local, verl) read
     assert [r["data_source"] for r in rows] == ["math_dapo"] * 4 + ["aime25"] * 4 + ["math"] * 4
     for r in rows:  # the scripted policy's chance of answering right, per benchmark
         r["extra_info"]["p"] = P_CORRECT[{"math_dapo": "aime24", "aime25": "aime25", "math": "math500"}[

@@ -131,11 +131,11 @@ def cmd_peers(argv: list[str]) -> int:
     # the systems' own settings come last: they define the system whatever the shared overrides say
     preset = load_preset(args.preset, common + args.overrides + ds_off)
     assets_dir = out / "assets"
-    from dapo.backends.local.backend import _read_rows
+    from dapo.data.files import read_rows
     from dapo.tiny.assets import prepare
 
     assets = prepare(preset.local, assets_dir, log=print)
-    val_rows = _read_rows([str(assets.val_file)], "validation")
+    val_rows = read_rows([str(assets.val_file)], "validation")
     results: dict[str, list[dict]] = {s: [] for s in systems}
     load0, t_start = os.getloadavg()[0], time.time()
     n_resp = preset.recipe.data.train_batch_size * preset.recipe.rollout.n

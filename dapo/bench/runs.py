@@ -22,9 +22,10 @@ def run_one(
     """Train one configuration with the local backend in this process; returns its summary (+ the val curve)."""
     import torch
 
-    from dapo.backends.local.backend import build
+    from dapo.backends.local.run import build
     from dapo.config import load_preset
-    from dapo.train.loop import DAPOLoop, configure_determinism
+    from dapo.train.loop import DAPOLoop
+    from dapo.train.stream import configure_determinism
 
     if threads:
         torch.set_num_threads(threads)

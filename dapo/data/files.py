@@ -245,3 +245,32 @@ def write_rows(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> Path:
     _atomic_write_table(table, p)
     return p
 
+
+def read_rows(files: list[str], what: str) -> list[dict[str, Any]]:
+    """The rows of the training / validation parquet files both backends read, as plain Python objects; ``what``
+    (the preset key that named the files) prefixes every error."""
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = []
+    for f in files:
+        if not Path(f).exists():
+            raise FileNotFoundError(f"{what}: {f} does not exist")
+        df = pd.read_parquet(f)
+        for col in ("prompt", "reward_model"):
+            if col not in df.columns:
+                raise ValueError(
+                    f"{what}: {f} has no '{col}' column (DAPO-Math-17k schema; columns: {list(df.columns)})"
+                )
+        rows.extend(_plain(r) for r in df.to_dict("records"))
+    return rows
+
+
+def _plain(obj):
+    """numpy arrays / scalars from parquet -> plain lists / Python scalars (chat lists come back as arrays)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj

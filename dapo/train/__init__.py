@@ -1,5 +1,6 @@
-"""The DAPO training loop and what it owns: one loop over two backends (:mod:`dapo.train.loop`), checkpoints and
-their retention (:mod:`~dapo.train.checkpoint`), health guards, metrics, generation dumps, attempt logs, and the
+"""The DAPO training loop and what it owns: one loop over two backends (:mod:`dapo.train.loop`, with its
+validation passes, its resumable state and its prompt stream in :mod:`~dapo.train.validation`,
+:mod:`~dapo.train.resume`, :mod:`~dapo.train.stream`), checkpoints and their retention (:mod:`~dapo.train.checkpoint`), health guards, metrics, generation dumps, attempt logs, and the
 reports drawn from them (:mod:`~dapo.train.report`; verl's console metrics for the reference runner:
 :mod:`~dapo.train.verl_log`). ``python -m dapo.train`` (= ``dapo train``) is the entrypoint of every training run,
 the chart's RayJob included (:mod:`dapo.train.cli`); ``python -m dapo.train.gpu_check`` is the GPU pods' driver

@@ -3,7 +3,7 @@
 This is also the RayJob entrypoint on a cluster. It loads the preset (strict), applies overrides, and hands over to
 the backend the preset's placement names:
 
-- ``placement.backend: local`` -> :mod:`dapo.backends.local.backend` (HF transformers in this process, CPU or one GPU)
+- ``placement.backend: local`` -> :mod:`dapo.backends.local.run` (HF transformers in this process, CPU or one GPU)
 - ``placement.backend: verl``  -> :mod:`dapo.backends.verl.run` (verl worker groups on Ray)
 
 Every attempt (not ``--dry-run``) tees its stdout and stderr into ``<run dir>/logs/attempt-<N>.log`` (N = the
@@ -67,7 +67,7 @@ def run_dir_of(preset, args: argparse.Namespace) -> Path:
 def _run(preset, args: argparse.Namespace, verl_overrides: list[str]) -> int:
     try:
         if preset.placement.backend == "local":
-            from dapo.backends.local.backend import run as run_backend
+            from dapo.backends.local.run import run as run_backend
 
             return int(run_backend(preset, args) or 0)
         from dapo.backends.verl.run import run as run_backend

@@ -19,19 +19,18 @@ then metrics (:mod:`dapo.train.metrics`), validation every ``test_freq`` steps (
 accuracy before -> after RL) and the health plot (:mod:`dapo.train.report`). ``total_training_steps`` (or epochs x
 generation batches per epoch) bounds the run; ``resume_mode: auto`` continues from the newest complete checkpoint
 with the same data order, sampler state and RNG states, so an interrupted run ends exactly where an uninterrupted one
-would (on CPU; see docs/tiny.md).
+would (on CPU; see docs/tiny.md). Here: the step and the run; the prompt order is :mod:`dapo.train.stream`'s,
+validation and the summary :mod:`dapo.train.validation`'s, the checkpointed state and resume :mod:`dapo.train.resume`'s.
 
 Overlong *filtering* (``reward.overlong_filter``) drops truncated responses from the loss (``loss_mask``); the soft
 overlong *punishment* is part of the reward. The learning-rate schedule (warm-up then constant) is the backend's
 (verl's ``constant`` schedule with ``lr_warmup_steps``).
+
+Imports the core, ``dapo.train.*`` and :mod:`dapo.backends.base` only: a backend is what the caller passes in.
 """
 
 from __future__ import annotations
 
-import json
-import random
-import resource
-import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -43,68 +42,16 @@ from dapo.train import checkpoint as ckpt
 from dapo.train import runlog
 from dapo.advantage import group_advantages
 from dapo.backends.base import Backend, Rollout, Sampling
-from dapo.train.generations import dump_generations, pick_val_generations, prompt_text
+from dapo.train.generations import dump_generations, prompt_text
 from dapo.train.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED, HealthGuard
-from dapo.train.metrics import MetricsLogger, format_step_line, read_jsonl, truncate_jsonl, val_acc_key, val_accuracy
+from dapo.train.metrics import MetricsLogger, format_step_line, val_accuracy
+from dapo.train.resume import Resumable
+from dapo.train.stream import PromptStream
+from dapo.train.validation import Validation, cpu_seconds
 from dapo.reward import score_responses
 from dapo.sampler import DynamicSampler, DynamicSamplingError
 
-__all__ = ["DAPOLoop", "PromptStream", "configure_determinism", "EXIT_HEALTH_STOP", "EXIT_SAMPLER_EXHAUSTED"]
-
-
-def configure_determinism(seed: int, deterministic: bool = True) -> None:
-    """Seed python/numpy/torch and ask torch for deterministic kernels (exact reruns on CPU)."""
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process and its finished children."""
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-
-
-class PromptStream:
-    """Training prompts in epochs: a seeded permutation per epoch (or file order with ``shuffle=False``); a request
-    that does not fit in the rest of the epoch starts the next one (the remainder is dropped, like a
-    ``drop_last`` data loader). The cursor ``(epoch, pos)`` is the resumable state."""
-
-    def __init__(self, num_rows: int, seed: int, shuffle: bool = True):
-        if num_rows < 1:
-            raise ValueError("the training data is empty")
-        self.num_rows, self.seed, self.shuffle = num_rows, int(seed), shuffle
-        self.epoch, self.pos = 0, 0
-        self._order_epoch, self._order = -1, np.arange(num_rows)
-
-    def order(self, epoch: int) -> np.ndarray:
-        if epoch != self._order_epoch:
-            self._order = (
-                np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
-                if self.shuffle
-                else np.arange(self.num_rows)
-            )
-            self._order_epoch = epoch
-        return self._order
-
-    def take(self, k: int) -> np.ndarray:
-        if k > self.num_rows:
-            raise ValueError(f"a generation batch of {k} prompts exceeds the {self.num_rows} training prompts")
-        if self.pos + k > self.num_rows:
-            self.epoch, self.pos = self.epoch + 1, 0
-        out = self.order(self.epoch)[self.pos : self.pos + k]
-        self.pos += k
-        return out
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, s: dict[str, int]) -> None:
-        self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
+__all__ = ["DAPOLoop", "EXIT_HEALTH_STOP", "EXIT_SAMPLER_EXHAUSTED"]
 
 
 def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
@@ -114,7 +61,7 @@ def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
     return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
 
 
-class DAPOLoop:
+class DAPOLoop(Validation, Resumable):
     """The DAPO loop over a backend (module docstring). ``fit()`` runs it and returns the process exit code."""
 
     def __init__(
@@ -345,102 +292,6 @@ class DAPOLoop:
         metrics["timing_s/other"] = max(0.0, metrics["timing_s/step"] - sum(timing.values()))
         return metrics
 
-    def validate(self) -> dict[str, float]:
-        """avg@k over the validation split (k = rollout.val.n) per data_source: ``val-core/<ds>/acc/mean@k``."""
-        if not self.val_rows:
-            return {}
-        t0 = time.perf_counter()
-        rollout = self.backend.generate(self.val_rows, self.val_sampling)
-        scored = self.score(rollout)
-        t = self.recipe.trainer
-        self._dump(t.validation_data_dir, rollout, scored, self.step)
-        if t.log_val_generations > 0:  # verl's validation-generations table, as JSONL in the run directory
-            inputs = [prompt_text(r, self.recipe.data.prompt_key) for r in rollout.prompt_rows]
-            picked = pick_val_generations(inputs, rollout.response_text, scored["reward"], t.log_val_generations)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.run_dir / "val_generations.jsonl", "a", encoding="utf-8") as f:
-                for inp, out, sc in picked:
-                    f.write(json.dumps({"step": self.step, "input": inp, "output": out, "score": sc},
-                                       ensure_ascii=False) + "\n")
-        k = self.val_sampling.n
-        sources = np.asarray([row.get("data_source", "unknown") for row in rollout.prompt_rows], dtype=object)
-        lengths = np.asarray(rollout.response_length, dtype=np.float64)
-        out: dict[str, float] = {}
-        for ds in sorted(set(sources.tolist())):
-            sel = sources == ds
-            out[val_acc_key(ds, k)] = float(np.mean(scored["acc"][sel]))
-            out[f"val-aux/{ds}/score/mean@{k}"] = float(np.mean(scored["score"][sel]))
-            out[f"val-aux/{ds}/response_length/mean"] = float(np.mean(lengths[sel]))
-        out["timing_s/testing"] = time.perf_counter() - t0
-        return out
-
-    # ---------------------------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "stream": self.stream.state_dict(),
-            "sampler": self.sampler.state_dict(compact=self._compact_carried),
-            "health": self.health.state_dict(),
-            "rng": ckpt.rng_state(),
-            "next_gid": self.next_gid,
-            "gen_samples_total": self.gen_samples_total,
-            "val_history": list(self.val_history),
-            "pending_metrics": self._pending_metrics,
-        }
-
-    def _compact_carried(self, batch: tuple[Rollout, dict], indices: np.ndarray) -> tuple[tuple, np.ndarray]:
-        """A carried generation batch reduced to its carried responses (what a checkpoint stores)."""
-        rollout, scored = batch
-        small = self.backend.select(rollout, indices)
-        return (small, {k: np.asarray(v)[indices] for k, v in scored.items()}), np.arange(len(indices))
-
-    def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.step = int(s["step"])
-        self.stream.load_state_dict(s["stream"])
-        self.sampler.load_state_dict(s["sampler"])
-        self.health.load_state_dict(s.get("health", {}))
-        ckpt.set_rng_state(s["rng"])
-        self.next_gid = int(s["next_gid"])
-        self.gen_samples_total = int(s.get("gen_samples_total", 0))
-        self.val_history = [(int(a), dict(b)) for a, b in s.get("val_history", [])]
-        self._pending_metrics = s.get("pending_metrics")
-
-    def save(self) -> Path:
-        t0 = time.perf_counter()
-        path = ckpt.save(
-            self.ckpt_root, self.step, self.backend.save_checkpoint, self.state_dict(),
-            max_to_keep=self.recipe.trainer.max_ckpt_to_keep,
-        )
-        self.last_save_seconds = time.perf_counter() - t0
-        return path
-
-    def _resume_or_start(self) -> bool:
-        """Resume from the newest complete checkpoint (``resume_mode: auto``); returns True when resumed."""
-        metrics_file = self.run_dir / "metrics.jsonl"
-        if self.recipe.trainer.resume_mode == "auto":
-            # free the space of a deletion a killed attempt left half done (and apply a lowered retention) now,
-            # before the first save of this attempt needs it
-            ckpt.prune(self.ckpt_root, self.recipe.trainer.max_ckpt_to_keep)
-            latest = ckpt.latest(self.ckpt_root)
-            if latest is not None:
-                self.backend.load_checkpoint(str(latest))
-                self.load_state_dict(ckpt.load_loop_state(latest))
-                truncate_jsonl(metrics_file, self.step)
-                self.log(f"resumed from {latest} (step {self.step}/{self.total_steps})")
-                return True
-            if metrics_file.exists():  # a run killed before its first checkpoint: start over cleanly
-                truncate_jsonl(metrics_file, -1)
-            return False
-        # resume disabled: keep what an earlier run left, out of the way
-        old = [p for p in (self.ckpt_root, metrics_file) if p.exists()]
-        if old:
-            dest = self.run_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
-            dest.mkdir(parents=True, exist_ok=True)
-            for p in old:
-                shutil.move(str(p), str(dest / p.name))
-            self.log(f"resume disabled: moved the earlier run's {', '.join(p.name for p in old)} to {dest}")
-        return False
-
     # ---------------------------------------------------------------------------------------------------------------
     def _cadence(self, freq: int, step: int) -> bool:
         return freq > 0 and (step % freq == 0 or step == self.total_steps)
@@ -465,21 +316,6 @@ class DAPOLoop:
             if self._bar is not None:
                 self._bar.close()
                 self._bar = None
-
-    def _log_pending(self, logger: MetricsLogger) -> None:
-        """A checkpoint is written before its step's validation and log record (verl's order); after a kill in
-        between, the resumed run logs that record from the checkpoint, validating first when it was due."""
-        pending, self._pending_metrics = self._pending_metrics, None
-        if pending is None or any(int(r.get("step", -1)) == self.step and "timing_s/step" in r
-                                  for r in read_jsonl(self.run_dir / "metrics.jsonl")):  # fmt: skip
-            return
-        m = dict(pending)
-        if self._cadence(self.recipe.trainer.test_freq, self.step) and self.val_rows:
-            vm = self.validate()
-            self.val_history.append((self.step, vm))
-            m.update(vm)
-        logger.log(m, self.step)
-        self.log(format_step_line(self.step, self.total_steps, m))
 
     def _fit(self, logger: MetricsLogger) -> int:
         t = self.recipe.trainer
@@ -536,61 +372,3 @@ class DAPOLoop:
                 return EXIT_HEALTH_STOP
         self._finish()
         return 0
-
-    def summary(self) -> dict[str, Any]:
-        """Validation accuracy before and after RL (from this run's history and metrics.jsonl) and the run's cost."""
-        hist = {s: val_accuracy(m) for s, m in self.val_history}
-        for rec in read_jsonl(self.run_dir / "metrics.jsonl"):
-            acc = val_accuracy(rec)
-            if acc is not None:
-                hist.setdefault(int(rec["step"]), acc)
-        hist = {s: a for s, a in hist.items() if a is not None}
-        out: dict[str, Any] = {
-            "steps": self.step, "total_steps": self.total_steps, "val_acc": dict(sorted(hist.items()))
-        }
-        if 0 in hist:
-            out["val_acc_before"] = hist[0]
-        finals = [s for s in hist if s > 0]
-        if finals:
-            out["val_acc_after"] = hist[max(finals)]
-            out["val_acc_best"] = max(hist[s] for s in finals)
-        # one curve per validation data source (several recipe.data.val_files): val-core/<ds>/acc/mean@k -> {step: acc}
-        by_source: dict[str, dict[int, float]] = {}
-        for s, m in self.val_history:
-            for key, v in m.items():
-                if key.startswith("val-core/") and "/acc/mean@" in key:
-                    by_source.setdefault(key, {})[int(s)] = float(v)
-        if by_source:
-            out["val_acc_by_source"] = {k: dict(sorted(v.items())) for k, v in sorted(by_source.items())}
-        out["gen_samples_total"] = self.gen_samples_total
-        out["wall_seconds_this_process"] = time.time() - self._t0
-        out["cpu_seconds_this_process"] = cpu_seconds() - self._cpu0
-        return out
-
-    def _finish(self) -> None:
-        import json
-
-        s = self.summary()
-        (self.run_dir / "summary.json").write_text(json.dumps(s, indent=2, sort_keys=True))
-        ds = sorted({row.get("data_source", "unknown") for row in self.val_rows})
-        what = f"val-core/{'|'.join(ds)}/acc/mean@{self.val_sampling.n}, {len(self.val_rows)} held-out prompts"
-        if "val_acc_before" in s and "val_acc_after" in s:
-            b, a = s["val_acc_before"], s["val_acc_after"]
-            best_step = max((k for k in s["val_acc"] if k > 0), key=lambda k: s["val_acc"][k])
-            self.log(f"validation accuracy ({what}): before RL {b:.3f} -> after RL {a:.3f} ({a - b:+.3f}; best "
-                     f"{s['val_acc_best']:.3f} at step {best_step}) after {s['steps']} steps, "
-                     f"{s['gen_samples_total']} generated responses")
-        elif "val_acc_after" in s:
-            self.log(f"validation accuracy ({what}): {s['val_acc_after']:.3f} after {s['steps']} steps")
-        if len(s.get("val_acc_by_source", {})) > 1:  # several validation files: each data source on its own
-            self.log("validation per data source: " + "; ".join(
-                f"{k}: " + " -> ".join(f"{a:.3f}" for a in v.values()) for k, v in s["val_acc_by_source"].items()))
-        self.log(f"time: wall {s['wall_seconds_this_process']:.0f}s, CPU {s['cpu_seconds_this_process']:.0f}s "
-                 f"(this process) | metrics {self.run_dir / 'metrics.jsonl'}")
-        try:
-            from dapo.train.report import plot_run
-
-            png = plot_run(self.run_dir)
-            self.log(f"health plots: {png}")
-        except Exception as exc:  # plotting must never fail a finished run
-            self.log(f"health plots skipped ({type(exc).__name__}: {exc}); rerun: dapo report {self.run_dir}")

@@ -6,8 +6,9 @@ prints it under :func:`describe`'s header, and (unless ``--dry-run``) starts Ray
 runs the DAPO loop (:mod:`dapo.train.loop`). :func:`resume_step` and :func:`reseed_rollout_for_resume` seed the vLLM
 engines of a resumed run by its resume step.
 
-Imports this package's ``backend`` and ``workers`` (and lazily ``config``, ``loss``, the loop, the checkpoint
-helpers and the local backend's row reader); it sits on top of the package (no module of it imports this one).
+Imports this package's ``backend`` and ``workers``, :func:`dapo.data.files.read_rows` (the prompt rows, read as
+on the local backend), and lazily ``config``, ``loss``, the loop and the checkpoint helpers; it sits on top of the
+package (no module of it imports this one).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Optional
 from dapo.backends.verl.backend import VerlBackend
 from dapo.backends.verl.workers import RayWorkers
 from dapo.config import ConfigError, Preset
+from dapo.data.files import read_rows
 
 __all__ = ["describe", "run", "resume_step", "reseed_rollout_for_resume"]
 
@@ -39,12 +41,6 @@ def describe(preset: Preset, resolved: Any) -> str:
     ]
     lines += [f"# note: {n}" for n in resolved.notes]
     return "\n".join(lines)
-
-
-def _read_rows(files: list[str], what: str) -> list[dict[str, Any]]:
-    from dapo.backends.local.backend import _read_rows as read
-
-    return read(files, what)
 
 
 def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
@@ -71,8 +67,8 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
                                      and v is not None})
     import dapo.backends.verl.loss  # noqa: F401  (the driver resolves loss names too)
 
-    train_rows = _read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
-    val_rows = _read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
+    train_rows = read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
+    val_rows = read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
     total_steps = preset.recipe.trainer.total_training_steps or _steps_for(preset, len(train_rows))
     run_dir = str(cfg.trainer.default_local_dir)
     reseed_rollout_for_resume(cfg, resume_step(preset, run_dir))
