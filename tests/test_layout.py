@@ -27,6 +27,7 @@ Size: no module over ``MAX_LINES`` lines unless ``LONG_MODULES`` names it and it
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -239,6 +240,18 @@ def test_no_module_is_over_the_limit_without_a_stated_reason(module):
     else:
         assert lines <= MAX_LINES, (f"{MODULES[module].relative_to(ROOT)} has {lines} lines (> {MAX_LINES}): split it "
                                     "by responsibility")
+
+
+def test_every_package_names_its_modules():
+    # two hops from the README's table: the package -> its __init__ docstring (:mod:`dapo.pkg.module`) -> the module
+    missing = []
+    for init in sorted(PKG.rglob("__init__.py")):
+        if init.parent == PKG:
+            continue  # dapo/__init__ names the packages and the core
+        doc = _docstring(".".join(init.relative_to(ROOT).parent.parts))
+        missing += [str(f.relative_to(ROOT)) for f in sorted(init.parent.glob("*.py"))
+                    if f.stem not in ("__init__", "__main__") and not re.search(rf"[.~`]{f.stem}[`.]", doc)]
+    assert not missing, f"modules their package's docstring does not name (as :mod:`dapo.x.name`): {missing}"
 
 
 def test_every_package_says_what_it_holds():

@@ -1,2 +1,5 @@
-"""Benchmarks of the recipe on the tiny task: the DAPO ablation ladder, the dynamic sampler's cost, step timing,
-and TRL's GRPOTrainer side by side (:mod:`dapo.bench.peers_trl` runs inside TRL's own venv). ``dapo bench``."""
+"""Benchmarks of the recipe on the tiny task, one module per ``dapo bench`` command: the DAPO ablation ladder
+(:mod:`dapo.bench.ablation`), the dynamic sampler's cost (:mod:`~dapo.bench.sampler`), step timing
+(:mod:`~dapo.bench.timing`), and TRL's GRPOTrainer side by side (:mod:`~dapo.bench.peers`; its TRL half,
+:mod:`~dapo.bench.peers_trl`, runs inside TRL's own venv); :mod:`~dapo.bench.runs` trains one configuration for all
+of them, and :mod:`dapo.bench.cli` dispatches. Imports everything below it (the local backend, the loop, the planner)."""

@@ -1,5 +1,7 @@
-"""The tiny preset's local assets: a Qwen2-architecture model built from scratch, a tokenizer trained locally, a
-synthetic math task in the DAPO-Math-17k parquet schema, and a supervised warm start -- no downloads.
+"""The tiny preset's local assets, no downloads: a Qwen2-architecture model built from scratch
+(:mod:`dapo.tiny.model`), a tokenizer trained locally (:mod:`~dapo.tiny.tokenizer`), a synthetic math task in the
+DAPO-Math-17k parquet schema (:mod:`~dapo.tiny.task`), and a supervised warm start (:mod:`~dapo.tiny.warmstart`).
 
 :func:`dapo.tiny.assets.prepare` builds (or reuses from its cache directory) everything the local backend needs.
+Imports ``dapo.util`` and ``dapo.config``; never a backend.
 """
