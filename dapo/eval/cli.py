@@ -11,8 +11,10 @@ Subcommands:
   ``dapo eval run --checkpoint-dir <dir> --step latest --test-file <parquet> --output <dir>
   [--tensor-parallel-size N ...]``.
 
-Metric semantics: :mod:`dapo.eval.metrics`; client and output files: :mod:`dapo.eval.client`; serving:
-:mod:`dapo.eval.serve`; export: :mod:`dapo.eval.export`. Exit status: 0 complete, 1 incomplete or failed, 2 bad usage.
+Metric semantics: :mod:`dapo.eval.metrics`; client: :mod:`dapo.eval.client` (output files and the answer log:
+:mod:`dapo.eval.records`; requests: :mod:`dapo.eval.endpoint`; scoring: :mod:`dapo.eval.scoring`); serving:
+:mod:`dapo.eval.serve` (flags: :mod:`dapo.eval.serve_cli`); export: :mod:`dapo.eval.export`. Exit status: 0 complete,
+1 incomplete or failed, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def _apply_defaults(args: argparse.Namespace, defaults: dict[str, Any]) -> None:
 
 
 def _run_parser(sub) -> None:
-    from dapo.eval.serve import add_serve_args
+    from dapo.eval.serve_cli import add_serve_args
     from dapo.eval.export import DTYPES
 
     p = sub.add_parser(
@@ -123,7 +125,7 @@ def _run_parser(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from dapo.eval.client import add_client_args
-    from dapo.eval.serve import add_serve_args
+    from dapo.eval.serve_cli import add_serve_args
     from dapo.eval.export import add_export_args
 
     parser = argparse.ArgumentParser(prog="dapo eval", description=__doc__.split("\n\n")[0])
@@ -141,23 +143,25 @@ def build_parser() -> argparse.ArgumentParser:
 def score_main(args: argparse.Namespace) -> int:
     """Rescore every output directory at or below ``args.output``; rebuild ``results.csv`` of a run output."""
     from dapo.eval import client as eval_client
+    from dapo.eval import records as eval_records
     from dapo.eval import results as eval_results
+    from dapo.eval import scoring as eval_scoring
     from dapo.data.benchmarks import BENCHMARKS
 
     base = Path(args.output)
-    dirs = sorted({p.parent for p in base.rglob(eval_client.RUN_META)})
+    dirs = sorted({p.parent for p in base.rglob(eval_records.RUN_META)})
     if not dirs:
-        print(f"dapo eval score: no {eval_client.RUN_META} at or below {base}", file=sys.stderr)
+        print(f"dapo eval score: no {eval_records.RUN_META} at or below {base}", file=sys.stderr)
         return 2
     rc = 0
     for d in dirs:
         try:
             s = eval_client.rescore(d, BENCHMARKS.get(d.name))
-        except eval_client.EvalError as exc:
+        except eval_records.EvalError as exc:
             print(f"dapo eval score: {exc}", file=sys.stderr)
             rc = 1
             continue
-        print(f"== {d} ==\n{eval_client.format_summary(s)}")
+        print(f"== {d} ==\n{eval_scoring.format_summary(s)}")
         rc = rc or (0 if s["complete"] else 1)
     if any(eval_results.STEP_DIR.match(p.name) for p in base.iterdir() if p.is_dir()):
         print(f"wrote {eval_results.write_results(base)}")
@@ -242,6 +246,9 @@ def run_main(args: argparse.Namespace) -> int:
     (``--step all``). Returns 0 when every row of every benchmark of every step has an answer."""
     from dapo.eval import client as eval_client
     from dapo.eval import serve as eval_serve
+    from dapo.eval import records as eval_records
+    from dapo.eval import scoring as eval_scoring
+    from dapo.eval import serve_cli as eval_serve_cli
     from dapo.data.benchmarks import BenchmarkError
     from dapo.eval.export import ExportError, export_checkpoint
 
@@ -326,13 +333,13 @@ def run_main(args: argparse.Namespace) -> int:
             try:
                 step_args = argparse.Namespace(**vars(args))
                 step_args.max_model_len = max_model_len
-                serve_cfg = eval_serve.config_from_args(step_args, model=str(exported.path), model_id=model_id)
+                serve_cfg = eval_serve_cli.config_from_args(step_args, model=str(exported.path), model_id=model_id)
                 serve_cfg.validate()
                 client_args = argparse.Namespace(**vars(step_args))
                 client_args.model = model_id
                 client_args.base_url = f"http://127.0.0.1:{serve_cfg.port}/v1"
                 client_cfg = eval_client.config_from_args(client_args)
-            except (eval_serve.ServeError, eval_client.EvalError) as exc:
+            except (eval_serve.ServeError, eval_records.EvalError) as exc:
                 print(f"dapo eval run: {exc}", file=sys.stderr)
                 return 2
             if not ray_up:
@@ -367,11 +374,11 @@ def run_main(args: argparse.Namespace) -> int:
                             },
                         },
                     )
-                    print((f"== {t.name} ==\n" if t.sub else "") + eval_client.format_summary(summary))
-                    print(f"wrote {out / eval_client.SUMMARY} and {out / eval_client.RESULTS}")
+                    print((f"== {t.name} ==\n" if t.sub else "") + eval_scoring.format_summary(summary))
+                    print(f"wrote {out / eval_records.SUMMARY} and {out / eval_records.RESULTS}")
                     if not summary["complete"]:
                         rc = 1
-            except (eval_client.EvalError, eval_serve.ServeError) as exc:
+            except (eval_records.EvalError, eval_serve.ServeError) as exc:
                 print(f"dapo eval run: {exc}", file=sys.stderr)
                 print(f"dapo eval run: answers so far are kept in {step_dir}; rerun the same command to resume",
                       file=sys.stderr)  # fmt: skip
@@ -411,7 +418,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return client_main(args)
     if args.command == "serve":
-        from dapo.eval.serve import serve_main
+        from dapo.eval.serve_cli import serve_main
 
         return serve_main(args)
     if args.command == "export":
