@@ -13,8 +13,8 @@ Subcommands:
 
 Metric semantics: :mod:`dapo.eval.metrics`; client: :mod:`dapo.eval.client` (output files and the answer log:
 :mod:`dapo.eval.records`; requests: :mod:`dapo.eval.endpoint`; scoring: :mod:`dapo.eval.scoring`); serving:
-:mod:`dapo.eval.serve` (flags: :mod:`dapo.eval.serve_cli`); export: :mod:`dapo.eval.export`. Exit status: 0 complete,
-1 incomplete or failed, 2 bad usage.
+:mod:`dapo.eval.serve` (flags: :mod:`dapo.eval.serve_cli`); export: :mod:`dapo.eval.export`; what ``run`` evaluates:
+:mod:`dapo.eval.tasks`. Exit status: 0 complete, 1 incomplete or failed, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import logging
 import os
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -187,60 +186,6 @@ def default_max_model_len(model_dir: Path, max_tokens: int) -> Optional[int]:
     return min(want, int(limit)) if limit else want
 
 
-def _default_model_id(ckpt: Path, step: Optional[int]) -> str:
-    base = re.sub(r"[^A-Za-z0-9._-]+", "-", ckpt.resolve().name).strip("-") or "model"
-    return f"{base}-step{step}" if step is not None else base
-
-
-@dataclass
-class _Task:
-    """One benchmark of a checkpoint: its test file, its output subdirectory ('' = the step directory itself, the
-    single ``--test-file`` layout) and the benchmark (scorers), None for a plain test file."""
-
-    name: str
-    test_file: Path
-    sub: str
-    benchmark: Any = None
-
-
-def _tasks(args: argparse.Namespace) -> list[_Task]:
-    """``--benchmarks`` (files under ``--data-dir``, or ``name=path``) or the single ``--test-file``."""
-    from dapo.data.benchmarks import parse_list
-
-    if not args.benchmarks:
-        return [_Task("test_file", Path(args.test_file), "", None)]
-    data_dir = Path(args.data_dir) if args.data_dir else (Path(args.test_file).parent if args.test_file else None)
-    out = []
-    for bench, path in parse_list(args.benchmarks):
-        if path is None and data_dir is None:
-            raise ValueError(f"{bench.name}: give --data-dir (where `dapo data prepare` wrote {bench.file}) or "
-                             f"{bench.name}=PATH")
-        out.append(_Task(bench.name, Path(path) if path else data_dir / bench.file, bench.name, bench))
-    return out
-
-
-def _done(out_dir: Path) -> bool:
-    """A benchmark of a step is done when its summary says every row is answered."""
-    import json
-
-    try:
-        return bool(json.loads((out_dir / "summary.json").read_text()).get("complete"))
-    except (OSError, ValueError):
-        return False
-
-
-def _steps(args: argparse.Namespace) -> list[Any]:
-    """The steps to evaluate: ``all`` = every complete checkpoint (``--stride S``: steps divisible by S), else one."""
-    from dapo.eval.export import complete_steps
-
-    if str(args.step) != "all":
-        return [args.step]
-    steps = complete_steps(args.checkpoint_dir)
-    if args.stride is not None:
-        steps = [s for s in steps if s % args.stride == 0]
-    return steps
-
-
 def run_main(args: argparse.Namespace) -> int:
     """Export -> serve -> client (every benchmark) -> tear down, for one step or every complete checkpoint
     (``--step all``). Returns 0 when every row of every benchmark of every step has an answer."""
@@ -249,6 +194,7 @@ def run_main(args: argparse.Namespace) -> int:
     from dapo.eval import records as eval_records
     from dapo.eval import scoring as eval_scoring
     from dapo.eval import serve_cli as eval_serve_cli
+    from dapo.eval import tasks as eval_tasks
     from dapo.data.benchmarks import BenchmarkError
     from dapo.eval.export import ExportError, export_checkpoint
 
@@ -277,7 +223,7 @@ def run_main(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     try:
-        tasks = _tasks(args)
+        tasks = eval_tasks.tasks(args)
     except (BenchmarkError, ValueError) as exc:
         print(f"dapo eval run: --benchmarks: {exc}", file=sys.stderr)
         return 2
@@ -295,7 +241,7 @@ def run_main(args: argparse.Namespace) -> int:
               "CKPT/global_step_N/hf", file=sys.stderr)  # fmt: skip
         return 2
     try:
-        steps = _steps(args)
+        steps = eval_tasks.steps(args)
     except ExportError as exc:
         print(f"dapo eval run: {exc}", file=sys.stderr)
         return 1
@@ -309,7 +255,7 @@ def run_main(args: argparse.Namespace) -> int:
     try:
         for i, step in enumerate(steps):
             if base is not None and isinstance(step, int):
-                if all(_done(base / f"global_step_{step}" / t.sub) for t in tasks):
+                if all(eval_tasks.done(base / f"global_step_{step}" / t.sub) for t in tasks):
                     print(f"[eval] step {step}: every benchmark already has a result -- skipped", flush=True)
                     continue
             try:
@@ -318,16 +264,16 @@ def run_main(args: argparse.Namespace) -> int:
                 print(f"dapo eval run: export: {exc}", file=sys.stderr)
                 rc = 1
                 continue
-            model_id = args.model_id or _default_model_id(Path(args.checkpoint_dir), exported.step)
+            model_id = args.model_id or eval_tasks.default_model_id(Path(args.checkpoint_dir), exported.step)
             if len(steps) > 1 and args.model_id:
                 model_id = f"{args.model_id}-step{exported.step}"
             # one subdirectory per evaluated step, so evaluating another step never mixes answers
             sub = f"global_step_{exported.step}" if exported.step is not None else model_id
             step_dir = base / sub if base is not None else eval_client.default_output(model_id)
-            todo = [t for t in tasks if not _done(step_dir / t.sub)]
+            todo = [t for t in tasks if not eval_tasks.done(step_dir / t.sub)]
             if not todo:
                 print(f"[eval] {step_dir}: every benchmark already has a result -- skipped", flush=True)
-                _write_tables(step_dir, tasks, base)
+                eval_tasks.write_tables(step_dir, tasks, base)
                 continue
             max_model_len = args.max_model_len or default_max_model_len(exported.path, args.max_tokens)
             try:
@@ -386,29 +332,13 @@ def run_main(args: argparse.Namespace) -> int:
             finally:  # remove the app (frees the GPUs); after the last step also Ray, when we started it
                 ray_down = not connected and i == len(steps) - 1
                 eval_serve.stop(shutdown_ray=ray_down)
-            table = _write_tables(step_dir, tasks, base)
+            table = eval_tasks.write_tables(step_dir, tasks, base)
             if table:
                 print(table)
     finally:
         if ray_up and not connected and not ray_down:
             eval_serve.stop(shutdown_ray=True)
     return rc
-
-
-def _write_tables(step_dir: Path, tasks: list[_Task], base: Optional[Path]) -> str:
-    """Per checkpoint: ``STEP_DIR/benchmarks.json`` (one row per benchmark); across steps: ``OUTPUT/results.csv``
-    rebuilt from every step's summaries (so a rerun never duplicates a row). Returns the checkpoint's text table."""
-    from dapo.eval import results as eval_results
-
-    if not any(t.sub for t in tasks):
-        if base is not None:
-            eval_results.write_results(base)
-        return ""
-    rows = eval_results.step_rows(step_dir, [t.sub for t in tasks])
-    eval_results.write_step_table(step_dir, rows)
-    if base is not None:
-        eval_results.write_results(base)
-    return eval_results.format_table(rows)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
