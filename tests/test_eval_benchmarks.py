@@ -15,7 +15,7 @@ from dapo.data import benchmarks
 
 from dapo.eval import results as eval_results
 from dapo.data.files import write_rows
-from dapo.eval.client import math_verify_answer
+from dapo.eval.scoring import math_verify_answer
 from test_eval_client import FakeOpenAI
 
 pytest.importorskip("math_verify")

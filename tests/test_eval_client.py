@@ -16,16 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dapo.eval.client import (
-    RESPONSES,
-    ClientConfig,
-    EvalError,
-    RequestRefused,
-    ResponseLog,
-    backoff_delay,
-    evaluate,
-    normalize_base_url,
-)
+from dapo.eval.client import evaluate
+from dapo.eval.endpoint import ClientConfig, RequestRefused, backoff_delay, normalize_base_url
+from dapo.eval.records import RESPONSES, EvalError, ResponseLog
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "dapo-test"

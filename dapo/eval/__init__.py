@@ -1,5 +1,15 @@
-"""Evaluation of checkpoints: export a verl FSDP checkpoint to HF weights (:mod:`dapo.eval.export`, with the shard
-merge in :mod:`~dapo.eval.fsdp_merge`), serve it with Ray Serve LLM + vLLM (:mod:`~dapo.eval.serve`), sample and
-score it with DAPO's verifier (:mod:`~dapo.eval.client`, :mod:`~dapo.eval.metrics`), and gather the results over
-steps (:mod:`~dapo.eval.results`). ``dapo eval`` / ``python -m dapo.eval`` is :mod:`dapo.eval.cli`. Imports the
-core, ``dapo.util``, ``dapo.config`` and ``dapo.data``."""
+"""Evaluation of checkpoints, from the bottom up:
+
+- export a verl FSDP checkpoint to HF weights: the shard merge (:mod:`dapo.eval.fsdp_merge`), step resolution and
+  the atomic export (:mod:`~dapo.eval.export`);
+- serve it with Ray Serve LLM + vLLM (:mod:`~dapo.eval.serve`; its flags: :mod:`~dapo.eval.serve_cli`);
+- sample it through the OpenAI-compatible endpoint and score it with DAPO's verifier: the resumable response log
+  (:mod:`~dapo.eval.records`), the requests with retries (:mod:`~dapo.eval.endpoint`), avg@k / pass@k / cons@k
+  (:mod:`~dapo.eval.metrics`), scores and summaries (:mod:`~dapo.eval.scoring`), one benchmark end to end
+  (:mod:`~dapo.eval.client`);
+- the checkpoints x benchmarks of ``dapo eval run`` (:mod:`~dapo.eval.tasks`) and the results over steps
+  (:mod:`~dapo.eval.results`).
+
+``dapo eval`` / ``python -m dapo.eval`` is :mod:`dapo.eval.cli`. Imports the core, ``dapo.util``, ``dapo.config``
+and ``dapo.data``.
+"""

@@ -11,8 +11,10 @@ Subcommands:
   ``dapo eval run --checkpoint-dir <dir> --step latest --test-file <parquet> --output <dir>
   [--tensor-parallel-size N ...]``.
 
-Metric semantics: :mod:`dapo.eval.metrics`; client and output files: :mod:`dapo.eval.client`; serving:
-:mod:`dapo.eval.serve`; export: :mod:`dapo.eval.export`. Exit status: 0 complete, 1 incomplete or failed, 2 bad usage.
+Metric semantics: :mod:`dapo.eval.metrics`; client: :mod:`dapo.eval.client` (output files and the answer log:
+:mod:`dapo.eval.records`; requests: :mod:`dapo.eval.endpoint`; scoring: :mod:`dapo.eval.scoring`); serving:
+:mod:`dapo.eval.serve` (flags: :mod:`dapo.eval.serve_cli`); export: :mod:`dapo.eval.export`; what ``run`` evaluates:
+:mod:`dapo.eval.tasks`. Exit status: 0 complete, 1 incomplete or failed, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import logging
 import os
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -77,7 +78,7 @@ def _apply_defaults(args: argparse.Namespace, defaults: dict[str, Any]) -> None:
 
 
 def _run_parser(sub) -> None:
-    from dapo.eval.serve import add_serve_args
+    from dapo.eval.serve_cli import add_serve_args
     from dapo.eval.fsdp_merge import DTYPES
 
     p = sub.add_parser(
@@ -123,7 +124,7 @@ def _run_parser(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from dapo.eval.client import add_client_args
-    from dapo.eval.serve import add_serve_args
+    from dapo.eval.serve_cli import add_serve_args
     from dapo.eval.export import add_export_args
 
     parser = argparse.ArgumentParser(prog="dapo eval", description=__doc__.split("\n\n")[0])
@@ -141,23 +142,25 @@ def build_parser() -> argparse.ArgumentParser:
 def score_main(args: argparse.Namespace) -> int:
     """Rescore every output directory at or below ``args.output``; rebuild ``results.csv`` of a run output."""
     from dapo.eval import client as eval_client
+    from dapo.eval import records as eval_records
     from dapo.eval import results as eval_results
+    from dapo.eval import scoring as eval_scoring
     from dapo.data.benchmarks import BENCHMARKS
 
     base = Path(args.output)
-    dirs = sorted({p.parent for p in base.rglob(eval_client.RUN_META)})
+    dirs = sorted({p.parent for p in base.rglob(eval_records.RUN_META)})
     if not dirs:
-        print(f"dapo eval score: no {eval_client.RUN_META} at or below {base}", file=sys.stderr)
+        print(f"dapo eval score: no {eval_records.RUN_META} at or below {base}", file=sys.stderr)
         return 2
     rc = 0
     for d in dirs:
         try:
             s = eval_client.rescore(d, BENCHMARKS.get(d.name))
-        except eval_client.EvalError as exc:
+        except eval_records.EvalError as exc:
             print(f"dapo eval score: {exc}", file=sys.stderr)
             rc = 1
             continue
-        print(f"== {d} ==\n{eval_client.format_summary(s)}")
+        print(f"== {d} ==\n{eval_scoring.format_summary(s)}")
         rc = rc or (0 if s["complete"] else 1)
     if any(eval_results.STEP_DIR.match(p.name) for p in base.iterdir() if p.is_dir()):
         print(f"wrote {eval_results.write_results(base)}")
@@ -183,65 +186,15 @@ def default_max_model_len(model_dir: Path, max_tokens: int) -> Optional[int]:
     return min(want, int(limit)) if limit else want
 
 
-def _default_model_id(ckpt: Path, step: Optional[int]) -> str:
-    base = re.sub(r"[^A-Za-z0-9._-]+", "-", ckpt.resolve().name).strip("-") or "model"
-    return f"{base}-step{step}" if step is not None else base
-
-
-@dataclass
-class _Task:
-    """One benchmark of a checkpoint: its test file, its output subdirectory ('' = the step directory itself, the
-    single ``--test-file`` layout) and the benchmark (scorers), None for a plain test file."""
-
-    name: str
-    test_file: Path
-    sub: str
-    benchmark: Any = None
-
-
-def _tasks(args: argparse.Namespace) -> list[_Task]:
-    """``--benchmarks`` (files under ``--data-dir``, or ``name=path``) or the single ``--test-file``."""
-    from dapo.data.benchmarks import parse_list
-
-    if not args.benchmarks:
-        return [_Task("test_file", Path(args.test_file), "", None)]
-    data_dir = Path(args.data_dir) if args.data_dir else (Path(args.test_file).parent if args.test_file else None)
-    out = []
-    for bench, path in parse_list(args.benchmarks):
-        if path is None and data_dir is None:
-            raise ValueError(f"{bench.name}: give --data-dir (where `dapo data prepare` wrote {bench.file}) or "
-                             f"{bench.name}=PATH")
-        out.append(_Task(bench.name, Path(path) if path else data_dir / bench.file, bench.name, bench))
-    return out
-
-
-def _done(out_dir: Path) -> bool:
-    """A benchmark of a step is done when its summary says every row is answered."""
-    import json
-
-    try:
-        return bool(json.loads((out_dir / "summary.json").read_text()).get("complete"))
-    except (OSError, ValueError):
-        return False
-
-
-def _steps(args: argparse.Namespace) -> list[Any]:
-    """The steps to evaluate: ``all`` = every complete checkpoint (``--stride S``: steps divisible by S), else one."""
-    from dapo.eval.export import complete_steps
-
-    if str(args.step) != "all":
-        return [args.step]
-    steps = complete_steps(args.checkpoint_dir)
-    if args.stride is not None:
-        steps = [s for s in steps if s % args.stride == 0]
-    return steps
-
-
 def run_main(args: argparse.Namespace) -> int:
     """Export -> serve -> client (every benchmark) -> tear down, for one step or every complete checkpoint
     (``--step all``). Returns 0 when every row of every benchmark of every step has an answer."""
     from dapo.eval import client as eval_client
     from dapo.eval import serve as eval_serve
+    from dapo.eval import records as eval_records
+    from dapo.eval import scoring as eval_scoring
+    from dapo.eval import serve_cli as eval_serve_cli
+    from dapo.eval import tasks as eval_tasks
     from dapo.data.benchmarks import BenchmarkError
     from dapo.eval.export import export_checkpoint
     from dapo.eval.fsdp_merge import ExportError
@@ -271,7 +224,7 @@ def run_main(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     try:
-        tasks = _tasks(args)
+        tasks = eval_tasks.tasks(args)
     except (BenchmarkError, ValueError) as exc:
         print(f"dapo eval run: --benchmarks: {exc}", file=sys.stderr)
         return 2
@@ -289,7 +242,7 @@ def run_main(args: argparse.Namespace) -> int:
               "CKPT/global_step_N/hf", file=sys.stderr)  # fmt: skip
         return 2
     try:
-        steps = _steps(args)
+        steps = eval_tasks.steps(args)
     except ExportError as exc:
         print(f"dapo eval run: {exc}", file=sys.stderr)
         return 1
@@ -303,7 +256,7 @@ def run_main(args: argparse.Namespace) -> int:
     try:
         for i, step in enumerate(steps):
             if base is not None and isinstance(step, int):
-                if all(_done(base / f"global_step_{step}" / t.sub) for t in tasks):
+                if all(eval_tasks.done(base / f"global_step_{step}" / t.sub) for t in tasks):
                     print(f"[eval] step {step}: every benchmark already has a result -- skipped", flush=True)
                     continue
             try:
@@ -312,28 +265,28 @@ def run_main(args: argparse.Namespace) -> int:
                 print(f"dapo eval run: export: {exc}", file=sys.stderr)
                 rc = 1
                 continue
-            model_id = args.model_id or _default_model_id(Path(args.checkpoint_dir), exported.step)
+            model_id = args.model_id or eval_tasks.default_model_id(Path(args.checkpoint_dir), exported.step)
             if len(steps) > 1 and args.model_id:
                 model_id = f"{args.model_id}-step{exported.step}"
             # one subdirectory per evaluated step, so evaluating another step never mixes answers
             sub = f"global_step_{exported.step}" if exported.step is not None else model_id
             step_dir = base / sub if base is not None else eval_client.default_output(model_id)
-            todo = [t for t in tasks if not _done(step_dir / t.sub)]
+            todo = [t for t in tasks if not eval_tasks.done(step_dir / t.sub)]
             if not todo:
                 print(f"[eval] {step_dir}: every benchmark already has a result -- skipped", flush=True)
-                _write_tables(step_dir, tasks, base)
+                eval_tasks.write_tables(step_dir, tasks, base)
                 continue
             max_model_len = args.max_model_len or default_max_model_len(exported.path, args.max_tokens)
             try:
                 step_args = argparse.Namespace(**vars(args))
                 step_args.max_model_len = max_model_len
-                serve_cfg = eval_serve.config_from_args(step_args, model=str(exported.path), model_id=model_id)
+                serve_cfg = eval_serve_cli.config_from_args(step_args, model=str(exported.path), model_id=model_id)
                 serve_cfg.validate()
                 client_args = argparse.Namespace(**vars(step_args))
                 client_args.model = model_id
                 client_args.base_url = f"http://127.0.0.1:{serve_cfg.port}/v1"
                 client_cfg = eval_client.config_from_args(client_args)
-            except (eval_serve.ServeError, eval_client.EvalError) as exc:
+            except (eval_serve.ServeError, eval_records.EvalError) as exc:
                 print(f"dapo eval run: {exc}", file=sys.stderr)
                 return 2
             if not ray_up:
@@ -368,11 +321,11 @@ def run_main(args: argparse.Namespace) -> int:
                             },
                         },
                     )
-                    print((f"== {t.name} ==\n" if t.sub else "") + eval_client.format_summary(summary))
-                    print(f"wrote {out / eval_client.SUMMARY} and {out / eval_client.RESULTS}")
+                    print((f"== {t.name} ==\n" if t.sub else "") + eval_scoring.format_summary(summary))
+                    print(f"wrote {out / eval_records.SUMMARY} and {out / eval_records.RESULTS}")
                     if not summary["complete"]:
                         rc = 1
-            except (eval_client.EvalError, eval_serve.ServeError) as exc:
+            except (eval_records.EvalError, eval_serve.ServeError) as exc:
                 print(f"dapo eval run: {exc}", file=sys.stderr)
                 print(f"dapo eval run: answers so far are kept in {step_dir}; rerun the same command to resume",
                       file=sys.stderr)  # fmt: skip
@@ -380,29 +333,13 @@ def run_main(args: argparse.Namespace) -> int:
             finally:  # remove the app (frees the GPUs); after the last step also Ray, when we started it
                 ray_down = not connected and i == len(steps) - 1
                 eval_serve.stop(shutdown_ray=ray_down)
-            table = _write_tables(step_dir, tasks, base)
+            table = eval_tasks.write_tables(step_dir, tasks, base)
             if table:
                 print(table)
     finally:
         if ray_up and not connected and not ray_down:
             eval_serve.stop(shutdown_ray=True)
     return rc
-
-
-def _write_tables(step_dir: Path, tasks: list[_Task], base: Optional[Path]) -> str:
-    """Per checkpoint: ``STEP_DIR/benchmarks.json`` (one row per benchmark); across steps: ``OUTPUT/results.csv``
-    rebuilt from every step's summaries (so a rerun never duplicates a row). Returns the checkpoint's text table."""
-    from dapo.eval import results as eval_results
-
-    if not any(t.sub for t in tasks):
-        if base is not None:
-            eval_results.write_results(base)
-        return ""
-    rows = eval_results.step_rows(step_dir, [t.sub for t in tasks])
-    eval_results.write_step_table(step_dir, rows)
-    if base is not None:
-        eval_results.write_results(base)
-    return eval_results.format_table(rows)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -412,7 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return client_main(args)
     if args.command == "serve":
-        from dapo.eval.serve import serve_main
+        from dapo.eval.serve_cli import serve_main
 
         return serve_main(args)
     if args.command == "export":
