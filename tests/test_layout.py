@@ -17,9 +17,9 @@ packages below it:
     dapo.k8s             the manifests (the chart's Python twin)
     dapo.bench           benchmarks
 
-Command-line modules (``dapo.cli``, every ``*.cli``, ``*_cli`` and ``__main__``) sit on top: they may import anything, and
-only command-line modules import them. Function-level (lazy) imports count: an import inside a function is still a
-dependency. On top of the rule, no two modules import each other, directly or through others.
+Command-line modules (``dapo.cli``, every ``*.cli``, ``*_cli`` and ``__main__``) sit on top: they may import
+anything, and only command-line modules import them. Function-level (lazy) imports count: an import inside a
+function is still a dependency. On top of the rule, no two modules import each other, directly or through others.
 
 Size: no module over ``MAX_LINES`` lines unless ``LONG_MODULES`` names it and its docstring says why.
 """
