@@ -3,9 +3,9 @@
 
 The reference values below are DATA transcribed from the reference scripts (shell arithmetic evaluated) and from the
 reference commit's trainer config -- never read from this bundle's code. The generator composes each preset into
-verl 0.9.1's config (dapo.backends.verl.config.resolve), looks every reference key up there (under its 0.9.1 name when verl
-renamed it) and fails if a value differs without a documented reason, or if a documented deviation no longer differs
-(a stale document). ``--check`` compares the generated text with the file (tests/test_fidelity_doc.py runs it).
+verl 0.9.1's config (dapo.backends.verl.config.resolve), looks every reference key up there (under its 0.9.1 name when
+verl renamed it) and fails if a value differs without a documented reason, or if a documented deviation no longer
+differs (a stale document). ``--check`` compares the generated text with the file (tests/test_fidelity_doc.py runs it).
 
     python scripts/gen_fidelity.py            # (re)write docs/fidelity.md
     python scripts/gen_fidelity.py --check    # exit 1 if docs/fidelity.md is stale

@@ -1,5 +1,5 @@
-"""The DAPO loop (dapo.train.loop) driven by a scripted backend: dynamic sampling refill, advantages, overlong filtering,
-cadence, metrics, resume state, the sampler-exhausted exit. Fast: no model."""
+"""The DAPO loop (dapo.train.loop) driven by a scripted backend: dynamic sampling refill, advantages, overlong
+filtering, cadence, metrics, resume state, the sampler-exhausted exit. Fast: no model."""
 
 from __future__ import annotations
 

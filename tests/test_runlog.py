@@ -1,5 +1,6 @@
-"""Each attempt's driver log on the run volume (dapo.train.runlog): next free number, never overwritten, stdout and stderr
-(Python, native writes, child processes) both in the file and still on the console, the path on the first line."""
+"""Each attempt's driver log on the run volume (dapo.train.runlog): next free number, never overwritten, stdout and
+stderr (Python, native writes, child processes) both in the file and still on the console, the path on the first
+line."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ repeat/union/index/concat, verl's seq-length balancing, verl's DAPO reward manag
 placement), verl's actor config dataclass and policy-loss registry (the stand-in's update runs our registered loss
 through them), our sampler and loop.
 
-What is a STAND-IN: :class:`CpuStandInWorkers` replaces the GPU side, ``dapo.backends.verl.workers.RayWorkers`` (FSDP actor +
-vLLM replicas on Ray, which cannot run without GPUs). It has no model: responses come from a fixed script per
+What is a STAND-IN: :class:`CpuStandInWorkers` replaces the GPU side, ``dapo.backends.verl.workers.RayWorkers`` (FSDP
+actor + vLLM replicas on Ray, which cannot run without GPUs). It has no model: responses come from a fixed script per
 prompt group, log-probs from a fixed formula; it records every call so the tests can check what the backend would
 send to the GPUs. A character-level tokenizer stands in for the model's tokenizer.
 """

@@ -1,8 +1,8 @@
 """The backend interface the one DAPO loop (:mod:`dapo.train.loop`) drives.
 
 Two implementations: :mod:`dapo.backends.local.backend` (HF transformers in one process, CPU or one GPU) and
-:mod:`dapo.backends.verl.backend` (verl worker groups on Ray: FSDP actor, vLLM rollout). The loop owns everything that is
-the DAPO *algorithm* (reward + overlong shaping, dynamic sampling, group advantages, metrics, cadence, resume); a
+:mod:`dapo.backends.verl.backend` (verl worker groups on Ray: FSDP actor, vLLM rollout). The loop owns everything that
+is the DAPO *algorithm* (reward + overlong shaping, dynamic sampling, group advantages, metrics, cadence, resume); a
 backend owns everything that touches model weights (generation, log-probs, the optimizer step with the DAPO loss
 from :mod:`dapo.loss`, checkpoints of weights/optimizer).
 

@@ -53,8 +53,8 @@ from dapo.config.schema import (
 )
 
 __all__ = [
-    "PRESET_DIR", "PRESET_ROOTS", "apply_overrides", "deep_merge", "from_dict", "list_presets", "load_preset", "load_raw_preset",
-    "parse_override", "preset_path", "split_overrides", "validate",
+    "PRESET_DIR", "PRESET_ROOTS", "apply_overrides", "deep_merge", "from_dict", "list_presets", "load_preset",
+    "load_raw_preset", "parse_override", "preset_path", "split_overrides", "validate",
     "HEALTH_GUARDS", "KL_PENALTIES", "LOSS_AGG_MODES", "ActorConfig", "AlgorithmConfig", "ConfigError", "DataConfig",
     "FilterGroupsConfig", "HealthConfig", "LocalConfig", "ModelConfig", "OptimConfig", "OverlongBufferConfig",
     "ParallelConfig", "PlacementConfig", "Preset", "RecipeConfig", "RewardConfig", "RolloutConfig", "SamplingConfig",

@@ -155,7 +155,8 @@ HEALTH_GUARDS = ("entropy_collapse", "sampler_starving", "length_clip")
 
 @dataclass
 class HealthConfig:
-    """DAPO health guards (:mod:`dapo.train.health`): warn -- or checkpoint and stop with exit code 3 -- when a run derails."""
+    """DAPO health guards (:mod:`dapo.train.health`): warn -- or checkpoint and stop with exit code 3 -- when a run
+    derails."""
 
     # entropy_collapse: actor/entropy below this for `patience` consecutive steps.
     entropy_min: float = 0.02

@@ -7,8 +7,8 @@ the backend the preset's placement names:
 - ``placement.backend: verl``  -> :mod:`dapo.backends.verl.run` (verl worker groups on Ray)
 
 Every attempt (not ``--dry-run``) tees its stdout and stderr into ``<run dir>/logs/attempt-<N>.log`` (N = the
-next free number; :mod:`dapo.train.runlog`), so the driver log of a failed attempt outlives the Ray head that ran it. The
-run dir is ``--run-dir`` or ``recipe.trainer.default_local_dir`` (on a cluster: the shared volume).
+next free number; :mod:`dapo.train.runlog`), so the driver log of a failed attempt outlives the Ray head that ran it.
+The run dir is ``--run-dir`` or ``recipe.trainer.default_local_dir`` (on a cluster: the shared volume).
 
 Overrides: ``recipe.…``, ``placement.…``, ``local.…`` keys address the preset (validated strictly). Any other
 ``key=value`` is passed verbatim to verl's Hydra config (verl backend only; Hydra rejects unknown keys, a key

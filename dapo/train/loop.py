@@ -1,7 +1,7 @@
 """The one DAPO training loop (paper arXiv 2503.14476, Algorithm 1), framework-free.
 
-It drives any :class:`dapo.backends.base.Backend` -- :mod:`dapo.backends.local.backend` (one process, CPU or one GPU) and
-:mod:`dapo.backends.verl.backend` (verl worker groups on Ray) run this same code. One rollout step::
+It drives any :class:`dapo.backends.base.Backend`: :mod:`dapo.backends.local.backend` (one process, CPU or one GPU)
+and :mod:`dapo.backends.verl.backend` (verl worker groups on Ray) run this same code. One rollout step::
 
     repeat                                                     # dynamic sampling (eq. 11), DynamicSampler
         prompts <- next gen_batch_size rows of the training data   (DAPO-Math-17k schema; epochs, shuffled by seed)
@@ -15,12 +15,13 @@ It drives any :class:`dapo.backends.base.Backend` -- :mod:`dapo.backends.local.b
 
 then metrics (:mod:`dapo.train.metrics`), validation every ``test_freq`` steps (avg@k over the validation split with
 ``rollout.val`` sampling; also before training with ``val_before_train``), a checkpoint every ``save_freq`` steps
-(:mod:`dapo.train.checkpoint`, atomic), the health guards (:mod:`dapo.train.health`), and at the end a summary (validation
-accuracy before -> after RL) and the health plot (:mod:`dapo.train.report`). ``total_training_steps`` (or epochs x
-generation batches per epoch) bounds the run; ``resume_mode: auto`` continues from the newest complete checkpoint
-with the same data order, sampler state and RNG states, so an interrupted run ends exactly where an uninterrupted one
-would (on CPU; see docs/tiny.md). Here: the step and the run; the prompt order is :mod:`dapo.train.stream`'s,
-validation and the summary :mod:`dapo.train.validation`'s, the checkpointed state and resume :mod:`dapo.train.resume`'s.
+(:mod:`dapo.train.checkpoint`, atomic), the health guards (:mod:`dapo.train.health`), and at the end a summary
+(validation accuracy before -> after RL) and the health plot (:mod:`dapo.train.report`). ``total_training_steps`` (or
+epochs x generation batches per epoch) bounds the run; ``resume_mode: auto`` continues from the newest complete
+checkpoint with the same data order, sampler state and RNG states, so an interrupted run ends exactly where an
+uninterrupted one would (on CPU; see docs/tiny.md). Here: the step and the run; the prompt order is
+:mod:`dapo.train.stream`'s, validation and the summary :mod:`dapo.train.validation`'s, the checkpointed state and
+resume :mod:`dapo.train.resume`'s.
 
 Overlong *filtering* (``reward.overlong_filter``) drops truncated responses from the loss (``loss_mask``); the soft
 overlong *punishment* is part of the reward. The learning-rate schedule (warm-up then constant) is the backend's
