@@ -13,6 +13,17 @@ CRD_DIR = SHARED / "kuberay-crds" / "v1.7.0"
 AIME_PARQUET = SHARED / "data" / "aime-2024.parquet"
 
 
+def dapo_modules() -> dict[str, Path]:
+    """Every module of the ``dapo`` package by dotted name (a package by its own name), read from the tree."""
+    out = {}
+    for f in (ROOT / "dapo").rglob("*.py"):
+        parts = list(f.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
 def require_shared(path: Path) -> Path:
     """Skip (with the reason) when the read-only ../shared material is absent, e.g. in a user's fresh clone."""
     if not path.exists():

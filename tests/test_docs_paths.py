@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import dapo_modules
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "charts" / "dapo").rglob("*.tpl"),
                *(ROOT / "charts" / "dapo" / "templates").rglob("*.yaml"), ROOT / "charts" / "dapo" / "values.yaml",
@@ -18,17 +20,7 @@ DOTTED = re.compile(r"(?<![\w./-])dapo(?:\.[A-Za-z_]\w*)+")
 PATH = re.compile(r"(?<![\w./-])dapo/[\w/]+\.py\b")
 
 
-def _modules() -> dict[str, Path]:
-    out = {}
-    for f in (ROOT / "dapo").rglob("*.py"):
-        parts = list(f.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = f
-    return out
-
-
-MODULES = _modules()
+MODULES = dapo_modules()
 # in the chart, ``dapo.fullname``, ``dapo.labels`` ... are template names: only ``dapo.<one of our packages>...`` there
 TOP = {m.split(".")[1] for m in MODULES if "." in m}
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import dapo_modules
+
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "dapo"
 CORE = {"dapo.loss", "dapo.advantage", "dapo.reward", "dapo.sampler"}
@@ -46,17 +48,7 @@ LONG_MODULES = {
 }
 
 
-def _modules() -> dict[str, Path]:
-    out = {}
-    for f in PKG.rglob("*.py"):
-        parts = list(f.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = f
-    return out
-
-
-MODULES = _modules()
+MODULES = dapo_modules()
 
 
 def _resolve(name: str) -> str:
