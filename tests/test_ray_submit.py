@@ -10,11 +10,9 @@ entrypoint, the runtime env and the submit script are otherwise exactly what the
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,14 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dapo.util.gofmt import go_quote
 from k8s_support import by_key, helm_objects, set_files, user_values
-from kuberay_loopback import stop_marked_processes
+from kuberay_loopback import TERMINAL, VENV_BIN, free_ports, kuberay_submit_args, stop_marked_processes
 
 pytestmark = pytest.mark.slow
-
-VENV_BIN = Path(sys.executable).parent
-TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
 DRIVER = """\
@@ -52,30 +46,6 @@ def probe():
 assert ray.get(probe.remote()) == env_vars, ray.get(probe.remote())
 print("worker env ok")
 """
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _kuberay_submit_script(address: str, job_id: str, entrypoint: str, runtime_env_json: str,
-                           entrypoint_num_cpus: float | None = None) -> str:
-    """KubeRay v1.7's K8sJobMode submitter command (common.BuildJobSubmitCommand), minus its dashboard wait loop:
-    submit only if the job id is unknown (with the RayJob's entrypointNumCpus as --entrypoint-num-cpus), then
-    follow the logs."""
-    cpus = f"--entrypoint-num-cpus {entrypoint_num_cpus} " if entrypoint_num_cpus is not None else ""
-    return (
-        f"if ! ray job status --address {address} {job_id} >/dev/null 2>&1 ; then "
-        f"ray job submit --address {address} --no-wait --runtime-env-json {go_quote(runtime_env_json)} "
-        f"{cpus}--submission-id {job_id} -- {entrypoint} ; fi ; "
-        f"ray job logs --address {address} --follow {job_id}"
-    )
 
 
 def _stop_own_processes(head: subprocess.Popen, marker: str) -> None:
@@ -129,7 +99,7 @@ def test_rendered_tiny_rayjob_runs_to_succeeded_through_ray_job_submit():
     (head,) = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
     pod_env = {e["name"]: e["value"] for e in head["env"] if "value" in e}
 
-    gcs, dashboard, agent, client_port = _free_ports(4)
+    gcs, dashboard, agent, client_port = free_ports(4)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "HF_TOKEN", "WANDB_"))}
     env.update(pod_env)
     env.update({"HOME": str(root / "home"), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
@@ -166,8 +136,8 @@ def test_rendered_tiny_rayjob_runs_to_succeeded_through_ray_job_submit():
 
         phase("dashboard up")
         job_id = "dapo-tiny-train-test"
-        script = _kuberay_submit_script(address, job_id, entrypoint, json.dumps(runtime_env),
-                                        job["spec"].get("entrypointNumCpus"))
+        # KubeRay v1.7's K8sJobMode submitter command (common.BuildJobSubmitCommand) for this RayJob
+        script = " ".join(kuberay_submit_args(job, job_id, address, mode="K8sJobMode"))
         first = subprocess.run(["bash", "-c", script], env=env, cwd=root, capture_output=True, text=True,
                                timeout=300)
         deadline = time.monotonic() + 300
@@ -195,12 +165,11 @@ def test_rendered_tiny_rayjob_runs_to_succeeded_through_ray_job_submit():
         # RAY_OVERRIDE_JOB_RUNTIME_ENV=1 there. A driver doing the same merge must reach its workers' env.
         full_files, full_release = set_files("full")
         full_job = by_key(helm_objects(user_values(full_files), release=full_release))[("RayJob", "dapo-train")]
-        full_env = yaml.safe_load(full_job["spec"]["runtimeEnvYAML"])
         driver = root / "driver.py"
         driver.write_text(DRIVER)
         merge_id = "dapo-runtime-env-merge"
-        subprocess.run(["bash", "-c", _kuberay_submit_script(address, merge_id, f"python {driver}",
-                                                             json.dumps(full_env))],
+        merge_job = {"spec": {"entrypoint": f"python {driver}", "runtimeEnvYAML": full_job["spec"]["runtimeEnvYAML"]}}
+        subprocess.run(["bash", "-c", " ".join(kuberay_submit_args(merge_job, merge_id, address, mode="K8sJobMode"))],
                        env=env, cwd=root, capture_output=True, text=True, timeout=180)
         status = client.get_job_status(merge_id)
         assert status == JobStatus.SUCCEEDED, client.get_job_logs(merge_id)[-4000:]
