@@ -261,16 +261,16 @@ def read_rows(files: list[str], what: str) -> list[dict[str, Any]]:
                 raise ValueError(
                     f"{what}: {f} has no '{col}' column (DAPO-Math-17k schema; columns: {list(df.columns)})"
                 )
-        rows.extend(_plain(r) for r in df.to_dict("records"))
+        rows.extend(to_plain(r) for r in df.to_dict("records"))
     return rows
 
 
-def _plain(obj):
+def to_plain(obj: Any) -> Any:
     """numpy arrays / scalars from parquet -> plain lists / Python scalars (chat lists come back as arrays)."""
     if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {k: to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, np.ndarray)):
-        return [_plain(v) for v in obj]
+        return [to_plain(v) for v in obj]
     if isinstance(obj, np.generic):
         return obj.item()
     return obj

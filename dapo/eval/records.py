@@ -8,7 +8,7 @@ malformed line is an error naming the file and line. ``<output>/run.json`` recor
 test file; resuming with different ones is refused rather than mixing answers.
 
 The bottom of the client's modules (:mod:`dapo.eval.endpoint`, :mod:`dapo.eval.scoring`, :mod:`dapo.eval.client`
-sit on it): imports only ``dapo.util``.
+sit on it): imports only ``dapo.util`` and :func:`dapo.data.files.to_plain`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from dapo.data.files import to_plain
 from dapo.util.fsutil import fsync_dir
 
 log = logging.getLogger("dapo.eval")
@@ -42,17 +43,6 @@ class EvalError(RuntimeError):
 # --------------------------------------------------------------------------------------------------------------------
 # Test file
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def _to_py(obj: Any) -> Any:
-    """numpy arrays / scalars from parquet -> plain Python (for JSON and hashing)."""
-    if hasattr(obj, "tolist"):
-        obj = obj.tolist()
-    if isinstance(obj, dict):
-        return {k: _to_py(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_to_py(v) for v in obj]
-    return obj
 
 
 def prompt_sha(messages: list[dict]) -> str:
@@ -84,17 +74,17 @@ def load_test_file(path: str | Path, limit: Optional[int] = None) -> tuple[Any, 
         df = df.iloc[:limit].copy()
     rows = []
     for i, rec in enumerate(df.to_dict("records")):
-        messages = _to_py(rec["prompt"])
+        messages = to_plain(rec["prompt"])
         if (
             not isinstance(messages, list)
             or not messages
             or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)
         ):
             raise EvalError(f"test file {path} row {i}: 'prompt' must be a non-empty chat list of {{role, content}}")
-        rm = _to_py(rec["reward_model"])
+        rm = to_plain(rec["reward_model"])
         if not isinstance(rm, dict) or rm.get("ground_truth") in (None, ""):
             raise EvalError(f"test file {path} row {i}: 'reward_model.ground_truth' is missing")
-        extra = _to_py(rec.get("extra_info")) if "extra_info" in df.columns else None
+        extra = to_plain(rec.get("extra_info")) if "extra_info" in df.columns else None
         if isinstance(extra, dict) and extra.get("index") is not None:
             problem = str(extra["index"])
         else:

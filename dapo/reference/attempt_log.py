@@ -26,7 +26,6 @@ from typing import BinaryIO, Optional
 from dapo.train.runlog import create_attempt_file
 
 
-
 def open_next_attempt(log_dir: Path) -> tuple[int, BinaryIO]:
     """Create the next ``attempt-N.log`` exclusively (numbering of :func:`dapo.train.runlog.create_attempt_file`)."""
     n, _path, fd = create_attempt_file(log_dir)
