@@ -172,18 +172,35 @@ def test_the_core_imports_nothing_of_the_project_outside_the_core(module):
     assert not outside, "the DAPO core must stay framework- and project-free:\n" + "\n".join(outside)
 
 
-def test_modules_import_only_their_own_package_and_the_packages_below_it():
+def _against_the_direction(imports: dict[str, list[tuple[str, int, bool]]]) -> list[str]:
+    """``importer file:line (package) imports target (package)`` for each library import of a package above the
+    importer's, or of a sibling backend (command-line modules on either side are the next test's)."""
     rank = {p: i for i, p in enumerate(ORDER)}
     upward = []
-    for m, deps in sorted(IMPORTS.items()):
+    for m, deps in sorted(imports.items()):
         if _is_cli(m):
             continue
         for t, line, _ in deps:
             if _is_cli(t):
-                continue  # the next test
+                continue
             a, b = _package(m), _package(t)
             if rank[b] > rank[a] or (a, b) in SIBLINGS or (b, a) in SIBLINGS:
                 upward.append(f"{MODULES[m].relative_to(ROOT)}:{line} ({a}) imports {t} ({b})")
+    return upward
+
+
+def test_the_direction_check_flags_upward_and_sibling_imports():
+    fake = {"dapo.data.files": [("dapo.train.loop", 3, True), ("dapo.util.fsutil", 4, False)],
+            "dapo.backends.verl.run": [("dapo.backends.local.run", 7, False), ("dapo.train.loop", 8, True)],
+            "dapo.train.cli": [("dapo.k8s.presets", 9, True)]}
+    assert _against_the_direction(fake) == [
+        "dapo/backends/verl/run.py:7 (dapo.backends.verl) imports dapo.backends.local.run (dapo.backends.local)",
+        "dapo/data/files.py:3 (dapo.data) imports dapo.train.loop (dapo.train)",
+    ]
+
+
+def test_modules_import_only_their_own_package_and_the_packages_below_it():
+    upward = _against_the_direction(IMPORTS)
     assert not upward, "imports against the direction (see this file's docstring):\n" + "\n".join(upward)
 
 
