@@ -49,7 +49,7 @@ $(TRL_VENV)/.stamp: Makefile
 
 setup-trl: $(TRL_VENV)/.stamp
 
-# The main job: a tiny model trained with DAPO on this machine's CPU (about 10 minutes on 2 cores).
+# The main job: a tiny model trained with DAPO on this machine's CPU (about 5 minutes on 2 cores, setup included).
 train: setup
 	$(VENV)/bin/dapo train --preset $(PRESET)
 
