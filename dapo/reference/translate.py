@@ -166,6 +166,9 @@ def translate(preset: Preset) -> Translation:
     # -- what the reference stack fixes: refused unless the preset asks for that behaviour ----------------------
     fixed("placement.backend", p.backend == "verl",
           f"is {p.backend!r}; the reference recipe runs only on verl worker groups (placement.backend: verl)")
+    fixed("placement.accelerator", p.accelerator != "cpu",
+          "is 'cpu'; the reference stack (verl 4f80e46, CUDA) has no CPU platform -- verl's workers on CPU are our "
+          "loop's rehearsal (dapo.backends.verl.cpu)")
     fixed("local", preset.local is None, "is set; the reference recipe has no local backend")
     fixed("recipe.model.path", not m.path.startswith("builtin:"),
           f"{m.path!r} is a model built by our local backend; the reference loads a Hugging Face model")

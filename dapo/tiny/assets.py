@@ -50,6 +50,21 @@ def spec_key(local) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def layout(local, cache_dir: Path) -> TinyAssets:
+    """Where :func:`prepare` puts (or finds) the assets of ``local`` under ``cache_dir``; builds nothing
+    (``warm_start`` is empty until they are built)."""
+    root = Path(cache_dir) / spec_key(local)
+    return TinyAssets(
+        root=root,
+        tokenizer_dir=root / "tokenizer",
+        train_file=root / "data" / "train.parquet",
+        val_file=root / "data" / "validation.parquet",
+        init_dir=root / "init",
+        policy_dir=root / "policy",
+        warm_start={},
+    )
+
+
 def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyAssets:
     """Everything the tiny run needs, under ``cache_dir/<key>``; cheap when already built."""
     import torch
@@ -61,7 +76,7 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
     if local is None:
         raise ValueError("the tiny model needs the preset's 'local:' section")
     t = local.task
-    root = Path(cache_dir) / spec_key(local)
+    where = layout(local, cache_dir)
     train, val = make_problems(t.digits, t.n_train, t.n_val, t.seed, t.min_digits)
 
     def build_tokenizer(d: Path) -> None:
@@ -74,8 +89,8 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
         write_parquet(train, "train", d / "train.parquet")
         write_parquet(val, "validation", d / "validation.parquet")
 
-    tok_dir = atomic_dir(root / "tokenizer", build_tokenizer)
-    data_dir = atomic_dir(root / "data", build_data)
+    tok_dir = atomic_dir(where.tokenizer_dir, build_tokenizer)
+    atomic_dir(where.train_file.parent, build_data)
 
     from transformers import AutoTokenizer
 
@@ -85,7 +100,7 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
         build_model(local.model, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, d)
         tokenizer.save_pretrained(str(d))
 
-    init_dir = atomic_dir(root / "init", build_init)
+    init_dir = atomic_dir(where.init_dir, build_init)
 
     def build_policy(d: Path) -> None:
         from transformers import AutoModelForCausalLM
@@ -111,15 +126,7 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
         (d / "warm_start.json").write_text(json.dumps(info, indent=2))
 
     t0 = time.time()
-    policy_dir = atomic_dir(root / "policy", build_policy)
+    policy_dir = atomic_dir(where.policy_dir, build_policy)
     if time.time() - t0 > 1:
         log(f"warm start: done in {time.time() - t0:.0f}s -> {policy_dir}")
-    return TinyAssets(
-        root=root,
-        tokenizer_dir=tok_dir,
-        train_file=data_dir / "train.parquet",
-        val_file=data_dir / "validation.parquet",
-        init_dir=init_dir,
-        policy_dir=policy_dir,
-        warm_start=json.loads((policy_dir / "warm_start.json").read_text()),
-    )
+    return dataclasses.replace(where, warm_start=json.loads((policy_dir / "warm_start.json").read_text()))

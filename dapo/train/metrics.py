@@ -59,6 +59,10 @@ METRICS: dict[str, str] = {
     "actor/grad_norm": "global gradient norm before clipping, mean over mini-batches",
     "actor/lr": "learning rate the update used",
     "actor/num_optimizer_steps": "optimizer steps taken this rollout step",
+    "actor/loss_tokens": (
+        "response tokens the token-mean loss divides by: the whole optimizer mini-batch over all data-parallel "
+        "ranks (token_mean_scope minibatch) or the micro-batch (microbatch); mean over micro-batches"
+    ),
     # dynamic sampling
     "train/num_gen_batches": "generation batches needed to fill the training batch (verl name)",
     "train/kept_group_ratio": "fraction of generated prompt groups kept by dynamic sampling (outcomes not all equal)",

@@ -106,7 +106,8 @@ class PolicyUpdate:
         rmask_all = data["response_mask"].float() * keep[:, None]
         mini = a.ppo_mini_batch_size * self.recipe.rollout.n
         lr_used = self.optimizer.param_groups[0]["lr"]
-        stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")}
+        stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl",
+                                                          "loss_tokens")}
         if a.use_kl_loss:
             if "ref_log_prob" not in data:
                 raise RuntimeError("use_kl_loss: update() needs the reference log-probs of compute_old_log_probs()")
@@ -165,6 +166,7 @@ class PolicyUpdate:
                         mb_kl += float(kl_loss.detach())
                     loss.backward()
                     mb_loss += float(loss.detach())
+                    stats["loss_tokens"].append(mb_tokens if glob else float(m.sum()))  # the token-mean's denominator
                     for k in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
                         stats[k].append(float(met[k]))
                 gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.optim.clip_grad)

@@ -308,6 +308,11 @@ class VerlBackend(Backend):
             "actor/entropy": float(agg_loss(ent, mask, self.recipe.actor.loss_agg_mode)),
             "actor/mean_prob": float(masked_mean(old.exp(), mask)),
         })  # fmt: skip
+        if "rollout_log_probs" in data.batch.keys():
+            # verl's fit() logs how far vLLM's token probabilities are from the actor's: the weight push's check
+            from verl.utils.debug.metrics import calculate_debug_metrics
+
+            metrics.update({k: float(v) for k, v in calculate_debug_metrics(data).items()})
         return metrics
 
     def update(self, batch: Rollout, advantages: np.ndarray, loss_mask: Optional[np.ndarray] = None) -> dict[str, float]:

@@ -20,6 +20,9 @@ Importing this module registers two loss modes (never overwriting an existing na
   mean by its number of *sequences*, so long and short micro-batches count alike (``recipe.actor.token_mean_scope:
   microbatch`` selects it).
 
+Besides verl's loss metrics it reports ``actor/loss_tokens``, the token count the token-mean divided by (the local
+backend reports the same); verl's own losses have no such metric, so its presence shows this loss ran in the workers.
+
 Ray workers import this module through ``VERL_USE_EXTERNAL_MODULES=dapo.backends.verl.loss`` (verl's
 ``__init__`` imports the listed modules in every process), which :mod:`dapo.backends.verl.settings` puts in the
 runtime env (``LOSS_MODULE``).
@@ -85,6 +88,10 @@ def _core_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
         **norm,
         **_clip_args(config),
     )
+    # the token count the token-mean divides by: the whole mini-batch on every rank (dapo), or this micro-batch
+    # (dapo_microbatch); only this loss reports it, from the worker that ran it
+    tokens = info["batch_num_tokens"] if mini_batch_norm and info["batch_num_tokens"] is not None else response_mask.sum()
+    metrics["loss_tokens"] = torch.as_tensor(tokens, dtype=torch.float32).detach().reshape(())
     return loss, metrics, info
 
 

@@ -61,13 +61,17 @@ def _under(key: str, prefix: str) -> bool:
 
 
 def passthrough_refusal(key: str) -> Optional[str]:
-    """Why a passthrough verl key is refused (None when the loop honours it). ``key`` has no Hydra prefix."""
-    for prefix in sorted(PASSTHROUGH_REFUSED, key=len, reverse=True):
-        if _under(key, prefix):
-            return PASSTHROUGH_REFUSED[prefix]
-    if any(_under(key, p) for p in PASSTHROUGH_ALLOWED):
-        return None
-    return f"'{key}' is no key the DAPO loop or verl's workers read (allowed: {', '.join(PASSTHROUGH_ALLOWED)})"
+    """Why a passthrough verl key is refused (None when the loop honours it). ``key`` has no Hydra prefix.
+
+    The most specific prefix of either table decides: ``trainer.device`` (allowed: ``init_workers`` reads it) wins
+    over ``trainer`` (refused: fit()'s), and ``actor_rollout_ref.rollout.full_determinism`` (refused) over
+    ``actor_rollout_ref`` (allowed)."""
+    matches = [(len(p), p in PASSTHROUGH_REFUSED, p) for p in (*PASSTHROUGH_ALLOWED, *PASSTHROUGH_REFUSED)
+               if _under(key, p)]
+    if not matches:
+        return f"'{key}' is no key the DAPO loop or verl's workers read (allowed: {', '.join(PASSTHROUGH_ALLOWED)})"
+    _, refused, prefix = max(matches)
+    return PASSTHROUGH_REFUSED[prefix] if refused else None
 
 
 def check_passthrough(preset: Preset, overrides: list[str] | tuple[str, ...]) -> None:

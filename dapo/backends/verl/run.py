@@ -13,10 +13,14 @@ package (no module of it imports this one).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
+from pathlib import Path
 from typing import Any, Optional
 
 from dapo.backends.verl.backend import VerlBackend
+from dapo.backends.verl.settings import CPU_ACCELERATOR, CPU_ENV
 from dapo.backends.verl.workers import RayWorkers
 from dapo.config import ConfigError, Preset
 from dapo.data.files import read_rows
@@ -49,10 +53,20 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
 
     if getattr(args, "run_dir", None):
         raise ConfigError("--run-dir is for the local backend; on verl set recipe.trainer.default_local_dir=...")
+    environ = dict(os.environ)  # the job's own environment, before this process adds the run's
+    dry_run = bool(getattr(args, "dry_run", False))
+    preset = on_this_machine(preset, build=not dry_run)
+    if preset.placement.accelerator == CPU_ACCELERATOR:
+        # verl's platform is chosen per process from VERL_PLATFORM: set it here before verl resolves it (the workers
+        # get it from the runtime env)
+        from dapo.backends.verl.cpu import plugin
+
+        os.environ.update(CPU_ENV)
+        plugin.activate()
     resolved = verl_config.resolve(preset, verl_overrides)
     print(describe(preset, resolved))
     print(verl_config.to_yaml(resolved.cfg), flush=True)
-    if getattr(args, "dry_run", False):
+    if dry_run:
         return 0
 
     import ray
@@ -60,17 +74,16 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     from dapo.train.loop import DAPOLoop
 
     cfg = resolved.cfg
-    env = verl_config.runtime_env(cfg)
+    env = verl_config.runtime_env(cfg, environ)
     os.environ.update({k: str(v) for k, v in env.get("env_vars", {}).items()})
     if not ray.is_initialized():
-        ray.init(runtime_env=env, **{k: v for k, v in dict(cfg.ray_kwargs.ray_init).items() if k != "runtime_env"
-                                     and v is not None})
+        ray.init(runtime_env=env, **ray_init_kwargs(cfg, environ))
     import dapo.backends.verl.loss  # noqa: F401  (the driver resolves loss names too)
 
     train_rows = read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
     val_rows = read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
     total_steps = preset.recipe.trainer.total_training_steps or _steps_for(preset, len(train_rows))
-    run_dir = str(cfg.trainer.default_local_dir)
+    run_dir = str(cfg.trainer.default_local_dir)  # absolute (on_this_machine): the workers write there too
     reseed_rollout_for_resume(cfg, resume_step(preset, run_dir))
     workers = RayWorkers(cfg, total_steps, verl_agreement=preset.recipe.reward.verl_agreement)
     backend = VerlBackend(cfg, preset, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
@@ -79,6 +92,52 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
         return int(loop.fit() or 0)
     finally:
         backend.close()
+
+
+def run_dir_of(preset: Preset) -> str:
+    """``recipe.trainer.default_local_dir`` with its ``${trainer.*}`` references resolved (as verl resolves them) and
+    made absolute: the driver and every worker (whose working directories differ) write checkpoints there."""
+    from omegaconf import OmegaConf
+
+    trainer = dataclasses.asdict(preset.recipe.trainer)
+    try:
+        path = OmegaConf.create({"trainer": trainer}).trainer.default_local_dir
+    except Exception as exc:  # an interpolation naming a key trainer.* does not have
+        raise ConfigError(f"recipe.trainer.default_local_dir ({trainer['default_local_dir']!r}): {exc}") from exc
+    return os.path.abspath(str(path))
+
+
+def on_this_machine(preset: Preset, build: bool) -> Preset:
+    """The preset with an absolute run directory and, for ``recipe.model.path: builtin:tiny``, the locally built
+    tiny model and task in ``<run dir>/assets`` (:mod:`dapo.tiny.assets`, as the local backend builds them; built
+    unless ``build`` is false -- ``--dry-run`` shows where they would be)."""
+    out = copy.deepcopy(preset)
+    run_dir = run_dir_of(preset)
+    r = out.recipe
+    r.trainer.default_local_dir = run_dir
+    path = r.model.path
+    if path.startswith("builtin:"):
+        from dapo.tiny.assets import layout, prepare
+
+        if path != "builtin:tiny":
+            raise ConfigError(f"recipe.model.path: unknown built-in model {path!r} (known: builtin:tiny)")
+        cache = Path(run_dir) / "assets"
+        assets = prepare(preset.local, cache) if build else layout(preset.local, cache)
+        r.model.path = r.model.tokenizer_path = str(assets.policy_dir)
+        r.data.train_files = list(r.data.train_files) or [str(assets.train_file)]
+        r.data.val_files = list(r.data.val_files) or [str(assets.val_file)]
+    return out
+
+
+def ray_init_kwargs(cfg: Any, environ: dict[str, str]) -> dict[str, Any]:
+    """``ray_kwargs.ray_init`` for ``ray.init`` (runtime env apart). Connecting to a running cluster (a RayJob's
+    driver: ``RAY_ADDRESS`` is set), Ray refuses ``num_cpus`` / ``num_gpus``: the nodes declared theirs when they
+    started, so both are left out there."""
+    kwargs = {k: v for k, v in dict(cfg.ray_kwargs.ray_init).items() if k != "runtime_env" and v is not None}
+    if environ.get("RAY_ADDRESS") or kwargs.get("address"):
+        kwargs.pop("num_cpus", None)
+        kwargs.pop("num_gpus", None)
+    return kwargs
 
 
 def resume_step(preset: Preset, run_dir: str) -> int:

@@ -9,7 +9,8 @@ from them is :mod:`dapo.backends.verl.config`; which other verl keys a user may 
 :data:`LOSS_MODULE` names the module that registers the DAPO loss in verl (:mod:`dapo.backends.verl.loss`); the
 table puts it in every Ray process's runtime env (``VERL_USE_EXTERNAL_MODULES``).
 
-Imports :mod:`dapo.config` only.
+Imports :mod:`dapo.config` and the CPU platform's entry point (:mod:`dapo.backends.verl.cpu.plugin`, standard library
+only).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from dapo.backends.verl.cpu.plugin import PLATFORM_NAME as CPU_PLATFORM
 from dapo.config import ConfigError, Preset
 
 # The module that registers our policy losses in verl's registry; Ray workers import it through
 # VERL_USE_EXTERNAL_MODULES (verl/__init__.py imports the listed modules in every process).
 LOSS_MODULE = "dapo.backends.verl.loss"
+# The CPU platform (dapo.backends.verl.cpu): the vLLM worker extension of patch 2 (its VERL_PLATFORM name: CPU_PLATFORM).
+CPU_VLLM_EXTENSION = "dapo.backends.verl.cpu.vllm_worker.CPUReloadWorkerExtension"
 # recipe.actor.token_mean_scope -> the verl loss_mode name registered by LOSS_MODULE.
 LOSS_MODES = {"minibatch": "dapo", "microbatch": "dapo_microbatch"}
 
@@ -185,11 +189,67 @@ def settings(preset: Preset) -> list[Setting]:
         "fixed: reference default (hf_model: a HuggingFace copy to evaluate each checkpoint)")
     put("trainer.balance_batch", True, "fixed: reference default")
     put("trainer.use_v1", False, "fixed: the non-v1 worker groups; DAPO's loop is dapo.train.loop")
-    # every training process (Ray runtime env): the preset's env + our loss registration
-    env = {**p.env, "VERL_USE_EXTERNAL_MODULES": LOSS_MODULE}
+    if not r.reward.verl_agreement:
+        # the loop scores every response on the driver; verl would start reward.num_workers (8) idle reward actors
+        put("reward.num_workers", 0, "recipe.reward.verl_agreement (false: no verl reward workers)")
+    cpu_env: dict[str, str] = {}
+    if p.accelerator == CPU_ACCELERATOR:
+        for key, value, why, append in cpu_settings(preset):
+            put(key, value, f"fixed: verl on CPU (placement.accelerator: cpu) -- {why}", append)
+        cpu_env = CPU_ENV
+    # every training process (Ray runtime env): the preset's env + our loss registration (+ the CPU platform's)
+    env = {**cpu_env, **p.env, "VERL_USE_EXTERNAL_MODULES": LOSS_MODULE}
     for k, v in env.items():
-        src = "fixed: registers the DAPO loss in Ray workers" if k == "VERL_USE_EXTERNAL_MODULES" else f"placement.env.{k}"
+        src = ("fixed: registers the DAPO loss in Ray workers" if k == "VERL_USE_EXTERNAL_MODULES"
+               else f"placement.env.{k}" if k in p.env else "fixed: verl on CPU (placement.accelerator: cpu)")
         put(f"ray_kwargs.ray_init.runtime_env.env_vars.{k}", str(v), src, True)
+    return out
+
+
+# placement.accelerator of a preset that runs verl's own workers on the host CPU (dapo.backends.verl.cpu)
+CPU_ACCELERATOR = "cpu"
+# logical Ray CPUs per logical GPU on the CPU platform (cpu_settings; the chart declares the same per worker pod)
+CPU_RAY_CPUS_PER_GPU = 8
+# the CPU platform's environment, in every process (the driver sets it before it imports verl's workers)
+CPU_ENV = {
+    "VERL_PLATFORM": CPU_PLATFORM,  # verl's platform selector: dapo.backends.verl.cpu.platform (a verl.plugins entry)
+    "VERL_ENGINE_DEVICE": "cuda",  # verl registers its FSDP engine for cuda/npu only; the engine itself is generic
+    "VLLM_TARGET_DEVICE": "cpu",  # vLLM's CPU platform (also implied by the CPU wheel's version suffix)
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per vLLM replica (vLLM CPU does not size it from memory)
+}
+
+
+def cpu_settings(preset: Preset) -> list[tuple[str, Any, str, bool]]:
+    """verl keys for its own workers on the host CPU: (key, value, why, append). Only for
+    ``placement.accelerator: cpu`` (docs/verl.md, 'verl on CPU')."""
+    world = preset.placement.nodes * preset.placement.gpus_per_node
+    d = preset.recipe.data
+    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    out: list[tuple[str, Any, str, bool]] = [
+        ("trainer.device", "cpu", "torch device of the workers", False),
+        ("actor_rollout_ref.actor.strategy", "fsdp2", "FSDP2 (fully_shard) runs on gloo", False),
+        ("actor_rollout_ref.actor.use_torch_compile", False, "no torch.compile on CPU", False),
+        ("actor_rollout_ref.actor.fsdp_config.use_torch_compile", False, "no torch.compile on CPU", False),
+        ("actor_rollout_ref.ref.fsdp_config.use_torch_compile", False, "no torch.compile on CPU", False),
+        ("actor_rollout_ref.rollout.dtype", "float32", "vLLM CPU in float32, as the actor", False),
+        ("actor_rollout_ref.rollout.free_cache_engine", False, "vLLM CPU has no sleep mode", False),
+        ("actor_rollout_ref.rollout.enable_sleep_mode", False, "vLLM CPU has no sleep mode", True),
+        ("actor_rollout_ref.rollout.max_model_len", d.max_prompt_length + d.max_response_length,
+         "one prompt + response: vLLM CPU's KV cache is small", False),
+        ("actor_rollout_ref.rollout.agent.num_workers", 1, "one agent-loop worker (each is a process)", False),
+        ("actor_rollout_ref.rollout.checkpoint_engine.backend", "naive", "weights through shared memory", False),
+        ("actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls", CPU_VLLM_EXTENSION,
+         "vLLM CPU's in-place weight reload (patch 2)", True),
+        ("actor_rollout_ref.model.override_config.attn_implementation", "sdpa", "no flash-attn on CPU", True),
+        ("ray_kwargs.ray_init.num_gpus", world, "logical Ray GPUs: one slot per FSDP rank / vLLM replica "
+         "(a local Ray only; a cluster's nodes declare theirs)", True),
+        ("ray_kwargs.ray_init.num_cpus", CPU_RAY_CPUS_PER_GPU * world, "logical Ray CPUs: verl asks "
+         "max_colocate_count (3) per GPU bundle plus the agent loop's and servers' actors; Ray counts slots, the OS "
+         "shares the cores (a local Ray only)", False),
+    ]
+    for role in ("actor", "ref"):
+        for k, v in fp32.items():
+            out.append((f"actor_rollout_ref.{role}.fsdp_config.mixed_precision.{k}", v, "float32 on CPU", True))
     return out
 
 
