@@ -245,6 +245,16 @@ def test_builder_compiles_the_lock_source_builds_with_nvcc_env(stack):
     assert any("/wheels/*.whl" in c.requirements for c in final), [c.requirements for c in final]
 
 
+def test_eval_runtime_installs_our_wheel_by_its_distribution_name():
+    # PyPI's `dapo` is another project: our distribution has its own name, and the wheel file follows it (PEP 427
+    # normalises dapo-k8s to dapo_k8s-<version>-py3-none-any.whl)
+    name = pyproject()["project"]["name"]
+    assert canonicalize_name(name) != "dapo", "pyproject.toml: `dapo` on PyPI is an unrelated project"
+    df = stack_dockerfile("eval")
+    tokens = [t for c in pip_commands(df) if c.stage == df.final_stage for t in c.requirements]
+    assert f"/wheels/{re.sub(r'[-_.]+', '_', name).lower()}-*.whl" in tokens, tokens
+
+
 # --------------------------------------------------------------------------------------------------------------
 # the pins agree with pyproject.toml, the Makefile and the chart
 
