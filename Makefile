@@ -101,7 +101,16 @@ IMAGE_TAG ?= $(if $(filter repro,$(IMAGE_STACK)),0.1.0-repro-verl4f80e46,0.1.0-v
 EVAL_IMAGE ?= ghcr.io/dapo-k8s/dapo-eval
 EVAL_IMAGE_TAG ?= 0.1.0-ray2.60.0
 IMAGE_PUSH ?= 0
-.PHONY: image image-eval
+.PHONY: image image-eval lock lock-check
+# The images' lock files (docker/locks/): what each image installs, fully resolved and hashed by uv from
+# docker/requirements*.in, docker/constraints*.txt and pyproject.toml (seconds; docs/images.md, "Change a pin").
+# lock-check resolves again and fails if a committed lock is stale (the image workflow runs it before building).
+lock: setup
+	$(VENV)/bin/python scripts/lock_images.py
+
+lock-check: setup
+	$(VENV)/bin/python scripts/lock_images.py --check
+
 image:
 	docker/build.sh --file docker/Dockerfile --tag $(IMAGE):$(IMAGE_TAG) $(if $(filter-out current,$(IMAGE_STACK)),--args docker/$(IMAGE_STACK).args) $(if $(filter 1,$(IMAGE_PUSH)),--push)
 

@@ -297,7 +297,8 @@ def overlong_penalty(response_length, max_response_length: int, buffer_len: int,
     return np.minimum(-exceed / buffer_len * penalty_factor, 0.0)
 
 
-_MATH_VERIFY_HINT = "math_verify=True needs the 'math-verify' package: pip install 'dapo[mathverify]' (or math-verify)"
+_MATH_VERIFY_HINT = ("math_verify=True needs the 'math-verify' package: pip install 'dapo-k8s[mathverify]' "
+                     "(or math-verify)")
 
 
 def _load_math_verify():

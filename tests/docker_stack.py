@@ -1,7 +1,7 @@
-"""Read the image definitions (docker/) the way the tests need them: constraints files, build-argument files, and the
-`pip install` / `apt-get install` commands of each Dockerfile with its build arguments substituted.
+"""Read the image definitions (docker/) the way the tests need them: constraints files, lock files, build-argument
+files, and the `pip install` / `apt-get install` commands of each Dockerfile with its build arguments substituted.
 
-Shared by tests/test_docker.py (offline checks) and tests/test_pins_metadata.py (registry metadata checks).
+Shared by tests/test_docker.py (the Dockerfiles) and tests/test_image_locks.py (the locks and their inputs).
 """
 
 from __future__ import annotations
@@ -31,15 +31,13 @@ REPRO_ARGS = DOCKER / "repro.args"
 VALUES = ROOT / "charts" / "dapo" / "values.yaml"
 REFERENCE_VERL_COMMIT = "4f80e465c2ec79ab9c3c30ec74b9745de61d0490"
 
-# stack -> (Dockerfile, build arguments (None: read docker/repro.args), constraints file)
+# stack -> (Dockerfile, build arguments (None: read docker/repro.args), constraints file, lock name)
 STACKS = {
-    "train": (TRAIN, {}, DOCKER / "constraints.txt"),
-    "train-repro": (TRAIN, None, DOCKER / "constraints-repro.txt"),  # build args from docker/repro.args
-    "eval": (EVAL, {}, DOCKER / "constraints-eval.txt"),
+    "train": (TRAIN, {}, DOCKER / "constraints.txt", "train"),
+    "train-repro": (TRAIN, None, DOCKER / "constraints-repro.txt", "repro"),  # build args from docker/repro.args
+    "eval": (EVAL, {}, DOCKER / "constraints-eval.txt", "eval"),
 }
-
-# Where each Dockerfile copies its constraints file to (COPY ${CONSTRAINTS} <this>); pip gets `-c <this>`.
-IMAGE_CONSTRAINTS_PATH = "/opt/dapo/constraints.txt"
+LOCK_DIR = DOCKER / "locks"
 
 
 class StackError(ValueError):
@@ -80,6 +78,69 @@ def read_constraints(path: Path) -> dict[str, Pin]:
             raise StackError(f"{where}: {req.name} pinned twice (first on line {pins[name].line})")
         pins[name] = Pin(name, specs[0].version, lineno)
     return pins
+
+
+@dataclass(frozen=True)
+class Locked:
+    name: str  # canonical name
+    version: str
+    hashes: tuple[str, ...]  # sha256 hex digests
+    line: int = field(compare=False)
+
+
+def read_lock(path: Path) -> dict[str, Locked]:
+    """A hash-checking requirements file (what `pip install --require-hashes -r` reads) -> {canonical name: Locked}.
+    Every requirement must be `name==version` with at least one `--hash=sha256:...`, as pip's hash-checking mode
+    demands; anything else (a range, an unhashed line, a URL, an option line, a duplicate) is an error."""
+    text = path.read_text()
+    entries: dict[str, Locked] = {}
+    logical, start = "", 0
+    for lineno, raw in enumerate(text.splitlines() + [""], start=1):
+        line = raw.split(" #", 1)[0] if not raw.lstrip().startswith("#") else ""
+        if not logical:
+            start = lineno
+        if line.rstrip().endswith("\\"):
+            logical += line.rstrip()[:-1] + " "
+            continue
+        logical += line
+        words, logical = logical.split(), ""
+        if not words:
+            continue
+        where = f"{path.relative_to(ROOT)}:{start}"
+        hashes = tuple(w.split(":", 1)[1] for w in words[1:] if w.startswith("--hash=sha256:"))
+        if words[0].startswith("-") or len(hashes) != len(words) - 1:
+            raise StackError(f"{where}: {' '.join(words)[:80]!r}: only `name==version --hash=sha256:...` lines")
+        try:
+            req = Requirement(words[0])
+        except InvalidRequirement as exc:
+            raise StackError(f"{where}: not a requirement: {words[0]!r} ({exc})") from exc
+        specs = list(req.specifier)
+        if req.url or req.marker or len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
+            raise StackError(f"{where}: {words[0]!r} is not an exact pin (name==version)")
+        if not hashes:
+            raise StackError(f"{where}: {words[0]} has no --hash (pip --require-hashes refuses it)")
+        name = canonicalize_name(req.name)
+        if name in entries:
+            raise StackError(f"{where}: {req.name} locked twice (first on line {entries[name].line})")
+        entries[name] = Locked(name, specs[0].version, hashes, start)
+    return entries
+
+
+def lock_paths(stack: str) -> dict[str, Path]:
+    """{kind: path} of a stack's lock files that exist: runtime (<lock>.txt), build, source."""
+    name = STACKS[stack][3]
+    paths = {"runtime": LOCK_DIR / f"{name}.txt", "build": LOCK_DIR / f"{name}-build.txt",
+             "source": LOCK_DIR / f"{name}-source.txt"}
+    return {kind: path for kind, path in paths.items() if path.exists()}
+
+
+def resolved(stack: str) -> dict[str, Locked]:
+    """The whole resolution of a stack: its runtime lock and the source distributions its builder compiles."""
+    paths = lock_paths(stack)
+    out = dict(read_lock(paths["runtime"]))
+    if "source" in paths:
+        out.update(read_lock(paths["source"]))
+    return out
 
 
 def read_args_file(path: Path) -> dict[str, str]:
@@ -246,6 +307,7 @@ class PipInstall:
     constraints: list[str]  # the -c arguments
     requirements: list[str]  # requirement tokens (names or local paths)
     options: list[str]
+    requirement_files: list[str] = field(default_factory=list)  # the -r arguments
 
 
 def pip_commands(df: Dockerfile) -> list[PipInstall]:
@@ -264,7 +326,7 @@ def pip_commands(df: Dockerfile) -> list[PipInstall]:
                     break
             else:
                 continue
-            constraints, requirements, options = [], [], []
+            constraints, requirements, options, files = [], [], [], []
             j = 0
             while j < len(rest):
                 tok = rest[j]
@@ -277,11 +339,15 @@ def pip_commands(df: Dockerfile) -> list[PipInstall]:
                         value = tok.split("=", 1)[1] if "=" in tok else ""
                     if key in ("-c", "--constraint"):
                         constraints.append(value)
+                    if key in ("-r", "--requirement"):
+                        files.append(value)
                     options.append(key)
+                    if value and key in ("--only-binary", "--no-binary"):
+                        options.append(f"{key}={value}")
                 else:
                     requirements.append(tok)
                 j += 1
-            found.append(PipInstall(df.where(ins), ins.stage, sub, constraints, requirements, options))
+            found.append(PipInstall(df.where(ins), ins.stage, sub, constraints, requirements, options, files))
     return found
 
 
@@ -290,14 +356,14 @@ def is_local_artifact(token: str) -> bool:
     return token.startswith(("/", ".", "$(ls /wheels/"))
 
 
-def constraints_source(df: Dockerfile, stage: str, image_path: str) -> Path:
-    """The build-context file a stage COPYs to `image_path` (the file pip receives with -c)."""
+def copied_from(df: Dockerfile, stage: str, image_path: str) -> Path:
+    """The build-context file a stage COPYs to `image_path` (e.g. the lock pip receives with -r)."""
     for ins in df.instructions:
         if ins.stage == stage and ins.kind == "COPY":
             parts = ins.value.split()
             if parts and parts[-1] == image_path and len(parts) == 2:
                 return ROOT / parts[0]
-    raise StackError(f"{df.path.relative_to(ROOT)}: stage {stage!r} passes -c {image_path} but never COPYs a file there")
+    raise StackError(f"{df.path.relative_to(ROOT)}: stage {stage!r} reads {image_path} but never COPYs a file there")
 
 
 def apt_installs(df: Dockerfile) -> list[tuple[Instruction, list[str], list[str]]]:
@@ -320,7 +386,7 @@ def apt_installs(df: Dockerfile) -> list[tuple[Instruction, list[str], list[str]
 
 
 def stack_args(stack: str) -> dict[str, str]:
-    path, args, _ = STACKS[stack]
+    args = STACKS[stack][1]
     return read_args_file(REPRO_ARGS) if args is None else args
 
 

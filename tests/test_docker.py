@@ -1,8 +1,9 @@
-"""Offline checks of the container images (docker/): every install pinned, base images pinned, no `curl | sh`, a
-non-root user, OCI labels, and the pins agreeing with pyproject.toml, the Helm chart and the Makefile.
+"""Offline checks of the container images (docker/): every pip install from the stack's lock (hash-checked, no
+resolution) or a wheel built in the builder, apt installs by policy, base images pinned, no `curl | sh`, a non-root
+user, OCI labels, and the locked versions agreeing with pyproject.toml, the Helm chart and the Makefile.
 
-Nothing here builds an image (no Docker engine needed); tests/test_pins_metadata.py checks the pins against the
-packages' own metadata on the registry.
+Nothing here builds an image (no Docker engine needed); tests/test_image_locks.py checks the locks against their
+inputs (offline) and against a fresh resolution on the registry.
 """
 
 from __future__ import annotations
@@ -30,16 +31,18 @@ from docker_stack import (
     VALUES,
     pyproject,
     stack_dockerfile,
-    IMAGE_CONSTRAINTS_PATH,
+    LOCK_DIR,
     ROOT,
     StackError,
     apt_installs,
-    constraints_source,
+    copied_from,
     is_local_artifact,
     parse_dockerfile,
     pip_commands,
     read_args_file,
     read_constraints,
+    read_lock,
+    resolved,
 )
 
 # apt policy: packages of the base image's own Ubuntu release are NOT version-pinned. Ubuntu's archive keeps only
@@ -78,33 +81,37 @@ def repro_image_tag() -> str:
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
-def test_every_pip_install_names_only_pinned_packages(stack):
+def test_every_pip_install_is_from_the_lock_hash_checked_or_a_wheel_built_in_the_builder(stack):
+    # No resolution at build time: a pip command either installs (or compiles) the stack's lock files with
+    # --require-hashes --no-deps, or installs local artifacts (the builder's wheels, our source tree) with --no-deps.
     df = stack_dockerfile(stack)
+    lock = STACKS[stack][3]
     commands = pip_commands(df)
     assert commands, f"{df.path}: no pip install found (parser out of date?)"
+    assert any(c.requirement_files for c in commands if c.stage == df.final_stage), f"{df.path}: no lock in the runtime"
     for cmd in commands:
-        assert cmd.requirements, f"{cmd.where}: pip {cmd.subcommand} without requirements"
-        assert "-r" not in cmd.options and "--requirement" not in cmd.options, (
-            f"{cmd.where}: requirement files bypass the single constraints file; name packages instead")
-        assert not {"-i", "--index-url", "--extra-index-url", "-e", "--editable"} & set(cmd.options), (
-            f"{cmd.where}: extra indexes / editable installs are not allowed in images")
-        pins = {}
-        for c in cmd.constraints:
-            assert c == IMAGE_CONSTRAINTS_PATH, f"{cmd.where}: -c {c}: expected -c {IMAGE_CONSTRAINTS_PATH}"
-            source = constraints_source(df, cmd.stage, c)
-            assert source == STACKS[stack][2], f"{cmd.where}: stage {cmd.stage} copies {source}, expected {STACKS[stack][2]}"
-            pins.update(read_constraints(source))
+        assert not cmd.constraints, f"{cmd.where}: -c: versions come from the lock, not from a constraints file"
+        assert not {"-i", "--index-url", "--extra-index-url", "-e", "--editable", "-f", "--find-links", "--upgrade",
+                    "-U"} & set(cmd.options), f"{cmd.where}: extra indexes, find-links, editable or upgrades"
+        assert "--no-deps" in cmd.options, f"{cmd.where}: pip {cmd.subcommand} without --no-deps resolves at build time"
+        if cmd.requirement_files:
+            assert not cmd.requirements, f"{cmd.where}: a lock install names packages too: {cmd.requirements}"
+            assert "--require-hashes" in cmd.options, f"{cmd.where}: -r without --require-hashes"
+            for f in cmd.requirement_files:
+                source = copied_from(df, cmd.stage, f)
+                assert source.parent == LOCK_DIR and re.fullmatch(rf"{lock}(-build|-source)?\.txt", source.name), (
+                    f"{cmd.where}: -r {f} is {source.relative_to(ROOT)}, not one of docker/locks/{lock}*.txt")
+                assert source.exists(), f"{cmd.where}: {source.relative_to(ROOT)} missing (run `make lock`)"
+                kind = "source" if source.name.endswith("-source.txt") else "binary"
+                binary = "--only-binary=:all:" in cmd.options
+                assert (kind == "binary") == binary and (kind == "source") == ("--no-binary=:all:" in cmd.options), (
+                    f"{cmd.where}: {source.name} must be installed with --only-binary :all: (wheels) or, the "
+                    "source builds, compiled with --no-binary :all:")
+            continue
         for token in cmd.requirements:
-            if is_local_artifact(token):
-                # our wheel, or a wheel/source tree built in the builder stage from pinned inputs
-                assert token == "." or "/wheels/" in token or token.startswith("/src/"), f"{cmd.where}: unexpected path {token}"
-                continue
-            req = Requirement(token)
-            exact = [s for s in req.specifier if s.operator == "=="]
-            name = canonicalize_name(req.name)
-            assert exact or name in pins, (
-                f"{cmd.where}: `{token}` is neither pinned inline nor in {STACKS[stack][2].relative_to(ROOT)} "
-                f"(pip -c {' '.join(cmd.constraints) or 'missing'})")
+            assert is_local_artifact(token), f"{cmd.where}: `{token}` names a package outside the lock"
+            assert token == "." or token.startswith(("/wheels/", "/src/")), f"{cmd.where}: unexpected path {token}"
+        assert "--require-hashes" not in cmd.options, f"{cmd.where}: local wheels have no hash in the lock"
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
@@ -214,13 +221,38 @@ def test_runtime_stage_has_no_build_toolchain_it_does_not_need():
         assert not any("--from=builder" in c for c in copies), f"{stack}: runtime COPYs from the builder (use bind mounts)"
 
 
-def test_builder_compiles_exactly_the_sdist_only_packages_with_nvcc_env():
-    df = stack_dockerfile("train")
-    wheel_builds = [c for c in pip_commands(df) if c.subcommand == "wheel" and "--no-binary" in c.options]
-    assert len(wheel_builds) == 1 and wheel_builds[0].requirements == ["flash-attn"], wheel_builds
-    run = next(ins for ins in df.instructions if ins.kind == "RUN" and "--no-binary" in ins.value)
+@pytest.mark.parametrize("stack", ["train", "train-repro"])
+def test_builder_compiles_the_lock_source_builds_with_nvcc_env(stack):
+    # the wheels the runtime installs without a hash are exactly the lock's source distributions, downloaded
+    # hash-checked and compiled here: the same versions (and bytes) the resolution chose
+    df = stack_dockerfile(stack)
+    lock = STACKS[stack][3]
+    builds = [c for c in pip_commands(df) if c.subcommand == "wheel" and c.requirement_files]
+    assert len(builds) == 1 and builds[0].stage == "builder", [c.where for c in builds]
+    assert [copied_from(df, "builder", f).name for f in builds[0].requirement_files] == [f"{lock}-source.txt"]
+    options = set(builds[0].options)
+    assert {"--require-hashes", "--no-binary=:all:", "--no-build-isolation"} <= options, builds[0].options
+    source = read_lock(LOCK_DIR / f"{lock}-source.txt")
+    assert "flash-attn" in source, f"{lock}-source.txt: flash-attn is compiled in the builder"
+    run = next(ins for ins in df.instructions if ins.kind == "RUN" and "lock-source.txt" in ins.value)
     assert "FLASH_ATTENTION_FORCE_BUILD=TRUE" in run.value, "flash-attn must compile here, not fetch a prebuilt wheel"
     assert re.search(r"FLASH_ATTN_CUDA_ARCHS=\"?80;90", run.value), run.value
+    # the builder compiles against the lock's torch: its build subset holds the same torch as the runtime lock
+    build, runtime = read_lock(LOCK_DIR / f"{lock}-build.txt"), read_lock(LOCK_DIR / f"{lock}.txt")
+    assert build["torch"] == runtime["torch"], "the builder's torch is not the runtime's"
+    # and the runtime installs every wheel the builder made, without resolution
+    final = [c for c in pip_commands(df) if c.stage == df.final_stage and not c.requirement_files]
+    assert any("/wheels/*.whl" in c.requirements for c in final), [c.requirements for c in final]
+
+
+def test_eval_runtime_installs_our_wheel_by_its_distribution_name():
+    # PyPI's `dapo` is another project: our distribution has its own name, and the wheel file follows it (PEP 427
+    # normalises dapo-k8s to dapo_k8s-<version>-py3-none-any.whl)
+    name = pyproject()["project"]["name"]
+    assert canonicalize_name(name) != "dapo", "pyproject.toml: `dapo` on PyPI is an unrelated project"
+    df = stack_dockerfile("eval")
+    tokens = [t for c in pip_commands(df) if c.stage == df.final_stage for t in c.requirements]
+    assert f"/wheels/{re.sub(r'[-_.]+', '_', name).lower()}-*.whl" in tokens, tokens
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -246,27 +278,32 @@ def test_constraints_reader_rejects_ranges_duplicates_and_urls(tmp_path, monkeyp
 
 
 def test_training_verl_pin_matches_pyproject_verl_extra():
-    pins = read_constraints(DOCKER / "constraints.txt")
+    pins, locked = read_constraints(DOCKER / "constraints.txt"), resolved("train")
     extra = [Requirement(r) for r in pyproject()["project"]["optional-dependencies"]["verl"]]
     verl = [r for r in extra if canonicalize_name(r.name) == "verl"]
     assert verl, "pyproject.toml: the `verl` extra no longer names verl"
-    assert verl[0].specifier.contains(pins["verl"].version), (
-        f"docker/constraints.txt pins verl=={pins['verl'].version}, pyproject's `verl` extra says {verl[0]}")
-    assert str(verl[0].specifier) == f"=={pins['verl'].version}", "the `verl` extra must pin the same exact verl"
+    assert str(verl[0].specifier) == f"=={pins['verl'].version}" == f"=={locked['verl'].version}", (
+        f"pyproject's `verl` extra says {verl[0]}, docker/constraints.txt pins verl=={pins['verl'].version}, "
+        f"docker/locks/train.txt has {locked['verl'].version}: the three must be the same exact verl")
 
 
-@pytest.mark.parametrize("stack,extras", [("train", {"verl"}), ("eval", {"eval"}), ("train-repro", set())])
-def test_our_package_dependencies_are_pinned_and_satisfied_in_each_image(stack, extras):
+# which extras of our package each image holds (the lock resolves pyproject.toml with them)
+IMAGE_EXTRAS = {"train": {"verl"}, "eval": {"eval"}, "train-repro": set()}
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_our_package_dependencies_and_extras_are_satisfied_by_each_lock(stack):
     project = pyproject()["project"]
-    pins = read_constraints(STACKS[stack][2])
+    locked = resolved(stack)
     deps = [Requirement(r) for r in project["dependencies"]]
-    for extra in extras:
+    for extra in IMAGE_EXTRAS[stack]:
         deps += [Requirement(r) for r in project["optional-dependencies"][extra]]
     for req in deps:
         name = canonicalize_name(req.name)
-        assert name in pins, f"{STACKS[stack][2].name}: our dependency {req} is not pinned"
-        assert req.specifier.contains(pins[name].version, prereleases=True), (
-            f"{STACKS[stack][2].name}: {name}=={pins[name].version} violates pyproject's {req}")
+        assert name in locked, f"{stack}: our dependency {req} is not in its lock"
+        assert req.specifier.contains(locked[name].version, prereleases=True), (
+            f"{stack}: the lock has {name}=={locked[name].version}, pyproject says {req}")
+    assert project["name"] not in locked and "dapo" not in locked, f"{stack}: the lock holds our own package"
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
@@ -282,14 +319,14 @@ def test_stack_python_satisfies_pyproject_requires_python(stack):
 
 
 def test_eval_and_training_images_run_the_same_ray():
-    train, evaluation = read_constraints(DOCKER / "constraints.txt"), read_constraints(DOCKER / "constraints-eval.txt")
+    train, evaluation = resolved("train"), resolved("eval")
     assert train["ray"].version == evaluation["ray"].version, "both images join KubeRay clusters of one rayVersion"
 
 
-def test_image_tags_derive_from_the_pins_and_are_never_latest():
+def test_image_tags_derive_from_the_locked_versions_and_are_never_latest():
     version = pyproject()["project"]["version"]
-    verl = read_constraints(DOCKER / "constraints.txt")["verl"].version
-    ray = read_constraints(DOCKER / "constraints-eval.txt")["ray"].version
+    verl = resolved("train")["verl"].version
+    ray = resolved("eval")["ray"].version
     assert makefile_var("IMAGE") == "ghcr.io/dapo-k8s/dapo"
     assert default_image_tag() == f"{version}-verl{verl}"
     assert makefile_var("EVAL_IMAGE") == "ghcr.io/dapo-k8s/dapo-eval"
@@ -330,12 +367,12 @@ def chart_values() -> dict:
     return yaml.safe_load(VALUES.read_text())
 
 
-def test_chart_ray_version_equals_the_images_ray_pin():
+def test_chart_ray_version_equals_the_images_locked_ray():
     values = chart_values()
     found = list(_find(values, "rayVersion"))
     assert found, f"{VALUES.relative_to(ROOT)}: no rayVersion key"
-    ray = read_constraints(DOCKER / "constraints.txt")["ray"].version
-    repro_ray = read_constraints(DOCKER / "constraints-repro.txt")["ray"].version
+    ray = resolved("train")["ray"].version
+    repro_ray = resolved("train-repro")["ray"].version
     for path, value in found:
         # train.reference: the reproduction image of the reference runner
         want = repro_ray if path[:2] == ("train", "reference") else ray
@@ -364,10 +401,11 @@ def test_repro_args_select_the_reference_stack():
     assert args["VERL_COMMIT"] == REFERENCE_VERL_COMMIT
     assert re.search(r"cuda:12\.6\.\d+-devel-ubuntu22\.04$", args["BASE_IMAGE"]), args["BASE_IMAGE"]
     assert args["PYTHON_VERSION"] == "3.10"
-    pins = read_constraints(ROOT / args["CONSTRAINTS"])
-    assert (pins["vllm"].version, pins["torch"].version) == ("0.8.3", "2.6.0")
-    assert "verl" not in pins, "verl comes from VERL_COMMIT in this stack, not from PyPI"
-    assert args["DAPO_EXTRAS"] == "", "our `verl` extra pins verl 0.9.1, which this stack replaces"
+    assert args["LOCK"] == STACKS["train-repro"][3]
+    locked = resolved("train-repro")
+    assert (locked["vllm"].version, locked["torch"].version) == ("0.8.3", "2.6.0")
+    assert "verl" not in locked, "verl comes from VERL_COMMIT in this stack, not from PyPI"
+    assert IMAGE_EXTRAS["train-repro"] == set(), "our `verl` extra pins verl 0.9.1, which this stack replaces"
     df = parse_dockerfile(TRAIN)
     declared = set(df.global_args).union(*(df.arg_values[stage] for stage in df.stages))
     unknown = set(args) - declared
@@ -376,14 +414,15 @@ def test_repro_args_select_the_reference_stack():
 
 def test_repro_stack_installs_verl_from_the_commit_and_keeps_its_recipe_tree():
     df = stack_dockerfile("train-repro")
-    runtime_pip = [c for c in pip_commands(df) if c.stage == df.final_stage and any("/wheels/verl-" in t for t in c.requirements)]
-    assert runtime_pip, "the reproduction stack must install the verl wheel built from VERL_COMMIT"
-    builder = " ".join(ins.value for ins in df.instructions if ins.stage == "builder" and ins.kind == "RUN")
-    assert f'test "$(git rev-parse HEAD)" = "{REFERENCE_VERL_COMMIT}"' in builder, "the checkout must be verified"
+    verl_build = next(ins for ins in df.instructions if ins.stage == "builder" and ins.kind == "RUN"
+                      and "git rev-parse HEAD" in ins.value)
+    assert f'test "$(git rev-parse HEAD)" = "{REFERENCE_VERL_COMMIT}"' in verl_build.value, "the checkout must be verified"
+    assert "pip wheel --no-deps --no-build-isolation --wheel-dir /wheels ." in verl_build.value, (
+        "the verified checkout must be built into /wheels, which the runtime installs (/wheels/*.whl)")
     runtime = " ".join(ins.value for ins in df.instructions if ins.stage == df.final_stage and ins.kind == "RUN")
     assert "cp -a /src/verl /opt/verl" in runtime
-    current = stack_dockerfile("train")
-    assert not any("/wheels/verl-" in t for c in pip_commands(current) for t in c.requirements)
+    # the wheel's own requirements are in the lock: the runtime installs it without resolution, then `pip check`
+    assert "python -m pip install --no-deps /wheels/*.whl" in runtime and "pip check" in runtime
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -305,7 +305,7 @@ def test_math_verify_is_a_separate_metric_that_never_changes_the_reward():
 
 def test_math_verify_requested_but_missing_raises_a_clear_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "math_verify", None)  # makes `import math_verify` fail
-    with pytest.raises(ImportError, match=r"pip install 'dapo\[mathverify\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'dapo-k8s\[mathverify\]'"):
         score_responses(["Answer: 1"], ["1"], [3], math_verify=True)
     with pytest.raises(ImportError, match="math-verify"):
         math_verify_equal("Answer: 1", "1")

@@ -79,7 +79,7 @@ def validate_schema(values: dict[str, Any], schema: dict[str, Any]) -> None:
         import jsonschema
     except ImportError as exc:  # pragma: no cover - part of the k8s extra
         raise ValuesError(
-            "values: checking values.schema.json needs the jsonschema package (pip install 'dapo[k8s]')"
+            "values: checking values.schema.json needs the jsonschema package (pip install 'dapo-k8s[k8s]')"
         ) from exc
 
     validator = jsonschema.Draft7Validator(schema)

@@ -228,7 +228,8 @@ class MetricsLogger:
 
                 self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
             except Exception as exc:  # tensorboard is an optional extra
-                self._warn(f"tensorboard logging off ({type(exc).__name__}: {exc}); pip install 'dapo[tensorboard]'")
+                self._warn(f"tensorboard logging off ({type(exc).__name__}: {exc}); "
+                           "pip install 'dapo-k8s[tensorboard]'")
 
     def _init_wandb(self, project, experiment, config, resume):
         try:
