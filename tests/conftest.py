@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,54 @@ def crd_dir() -> Path:
 @pytest.fixture
 def aime_parquet() -> Path:
     return require_shared(AIME_PARQUET)
+
+
+def kill_processes_naming(marker: str) -> None:
+    """SIGKILL every process of ours whose command line names ``marker`` (e.g. a killed run's own Ray temp dir: the
+    Ray daemons and workers it started survive their driver's SIGKILL). Never by program name: other Ray clusters on
+    the machine are not ours."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
+SHM = Path("/dev/shm")
+
+
+def shm_entries() -> set[str]:
+    return {p.name for p in SHM.iterdir()} if SHM.is_dir() else set()
+
+
+def remove_orphaned_shm(before: set[str]) -> list[str]:
+    """Remove the ``/dev/shm`` segments created since ``before`` that no live process maps or holds open. vLLM's and
+    verl's shared-memory buffers (``psm_*``, ``verl_weights_*``) outlive processes Ray or a test killed; a segment
+    another test's live process still uses is left alone."""
+    new = shm_entries() - before
+    if not new:
+        return []
+    used: set[str] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            used.update(line.rsplit("/dev/shm/", 1)[1].split()[0] for line in (proc / "maps").read_text().splitlines()
+                        if "/dev/shm/" in line)
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    used.add(target[len("/dev/shm/"):].split()[0])
+        except (OSError, IndexError):
+            continue
+    removed = []
+    for name in sorted(new - used):
+        try:
+            (SHM / name).unlink()
+            removed.append(name)
+        except OSError:
+            pass
+    return removed

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import vllm_python
+from conftest import kill_processes_naming, vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.eval_e2e]
@@ -170,18 +170,6 @@ def test_serve_llm_eval_killed_and_rerun_answers_each_row_once(tmp_path, aime_pa
     assert "acc/mean@" in second.stdout
 
 
-def _kill_leftovers(marker: str) -> None:
-    """SIGKILL every process of ours whose command line names ``marker`` (the killed run's Ray temp dir)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                os.kill(int(proc.name), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            pass
-
-
 BENCH_ROWS = 6  # per benchmark and checkpoint (--limit: the first rows of each file)
 BENCH_TOKENS = 16
 
@@ -258,7 +246,7 @@ def test_three_benchmarks_prepare_check_and_score_over_checkpoints_killed_and_re
             os.killpg(first.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        _kill_leftovers(ray_temp_dir)
+        kill_processes_naming(ray_temp_dir)
         log1.close()
     before = {p: p.read_bytes()[: p.read_bytes().rfind(b"\n") + 1] for p in out.rglob("responses.jsonl")}
     assert 1 <= len(read_rows(victim)) < BENCH_ROWS, "killed in the middle of a benchmark"
@@ -269,7 +257,7 @@ def test_three_benchmarks_prepare_check_and_score_over_checkpoints_killed_and_re
         second = subprocess.run(run_cmd(temp2), env=env, capture_output=True, text=True, timeout=2 * SERVER_TIMEOUT_S,
                                 cwd=tmp_path, start_new_session=True)  # fmt: skip
     finally:
-        _kill_leftovers(temp2)
+        kill_processes_naming(temp2)
         shutil.rmtree(temp2, ignore_errors=True)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
     assert "step 1: every benchmark already has a result -- skipped" in second.stdout

@@ -102,6 +102,35 @@ METRICS: dict[str, str] = {
     "timing_s/other": "step seconds outside the phases above (loop overhead, logging)",
 }
 
+# Diagnostics only one backend has (everything else in METRICS is logged by both for the same recipe; the verl-on-CPU
+# test compares the two runs' keys): name or prefix (ending in "/" or "_") -> what it is.
+BACKEND_ONLY: dict[str, dict[str, str]] = {
+    "verl": {
+        "actor/loss": "verl's total actor loss (policy loss + entropy and KL terms), mean over micro-batches",
+        "actor/perf/": "verl's per-worker memory readings (GPU allocator, host memory)",
+        "perf/mfu/": "verl's model-FLOPs utilisation estimates",
+        "global_seqlen/": "verl's balance_batch statistics (tokens per data-parallel rank before/after balancing)",
+        "timing_s/agent_loop/": "verl's agent-loop timings per request (generate, score, preemptions)",
+        "timing_s/update_weights": "seconds pushing the actor's weights into the vLLM replicas (one push per step)",
+        "training/rollout_": "verl's check of the weight push: vLLM's vs the actor's probabilities of the sampled "
+                             "tokens (|diff| max/mean/std, Pearson correlation; calculate_debug_metrics)",
+        "reward/verl_agreement": "share of responses verl's reward loop scores like ours (recipe.reward.verl_agreement)",
+    },
+    "local": {
+        "rollout/entropy": "entropy of the sampling distribution (the local backend has the full logits; vLLM returns "
+                           "only the sampled tokens' log-probs)",
+    },
+}
+
+
+def backend_only(name: str) -> Optional[str]:
+    """The backend whose own diagnostic ``name`` is (:data:`BACKEND_ONLY`), or None for a metric both log."""
+    for backend, table in BACKEND_ONLY.items():
+        if any(name == k or (k.endswith(("/", "_")) and name.startswith(k)) for k in table):
+            return backend
+    return None
+
+
 STEP_PHASES = ("gen", "reward", "filter", "adv", "old_log_prob", "update_actor")
 
 
@@ -114,9 +143,14 @@ def val_score_key(data_source: str, k: int) -> str:
 
 
 def describe(name: str) -> Optional[str]:
-    """The meaning of a metric name (templated names included), or None when it is not in :data:`METRICS`."""
+    """The meaning of a metric name (templated names included; a backend's own diagnostics from
+    :data:`BACKEND_ONLY`), or None when it is in neither table."""
     if name in METRICS:
         return METRICS[name]
+    backend = backend_only(name)
+    if backend is not None:
+        table = BACKEND_ONLY[backend]
+        return table.get(name) or next(v for k, v in table.items() if k.endswith(("/", "_")) and name.startswith(k))
     parts = name.split("/")
 
     def fits(a: str, b: str) -> bool:  # template part a vs name part b

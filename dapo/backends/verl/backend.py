@@ -345,6 +345,9 @@ class VerlBackend(Backend):
             metrics.update(bal)
         self._trainer_ready()
         metrics.update(self.workers.update_actor(upd))
+        # verl's update: ppo_epochs passes over mini-batches of ppo_mini_batch_size prompts x n, one optimizer step each
+        mini = int(self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * int(self.cfg.actor_rollout_ref.rollout.n)
+        metrics["actor/num_optimizer_steps"] = float(int(self.cfg.actor_rollout_ref.actor.ppo_epochs) * -(-n // mini))
         self.step += 1  # the replicas are stale now; the next generate() syncs them once (after any save)
         return metrics
 

