@@ -212,6 +212,29 @@ def test_passthrough_keys_the_loop_does_not_honour_are_refused_with_the_reason(p
         verl_config.resolve(load_preset("full"), [passthrough])
 
 
+def test_keys_verls_init_workers_reads_pass_through_although_fit_owns_their_parent():
+    """The most specific prefix of the two tables decides: trainer.device is read by init_workers (allowed) under
+    trainer.* (fit()'s, refused) -- the refused prefix used to win, and verl on CPU could not set its device."""
+    for key in verl_passthrough.PASSTHROUGH_ALLOWED:
+        assert verl_passthrough.passthrough_refusal(key) is None, key
+        assert verl_passthrough.passthrough_refusal(key + ".sub") is None or "." in key, key
+    cfg = verl_config.resolve(load_preset("smoke"), ["trainer.device=cpu",
+                                                     "trainer.ray_wait_register_center_timeout=600"]).cfg
+    assert cfg.trainer.device == "cpu" and cfg.trainer.ray_wait_register_center_timeout == 600
+    assert verl_passthrough.passthrough_refusal("trainer.esi_redundant_time") is not None
+    assert verl_passthrough.passthrough_refusal("actor_rollout_ref.rollout.full_determinism") is not None
+
+
+def test_no_idle_verl_reward_workers_unless_verl_scores_too():
+    """verl's reward loop starts reward.num_workers actors (8 by default) even when nothing asks them to score; the
+    loop scores on the driver, so they exist only with recipe.reward.verl_agreement, and the count is the preset's."""
+    assert verl_config.resolve(load_preset("full")).cfg.reward.num_workers == 0
+    agreeing = verl_config.resolve(load_preset("full", ["recipe.reward.verl_agreement=true"])).cfg
+    assert agreeing.reward.num_workers > 0
+    with pytest.raises(ConfigError, match=r"override 'recipe\.reward\.verl_agreement'"):
+        verl_config.resolve(load_preset("full"), ["reward.num_workers=4"])
+
+
 def test_the_train_help_example_key_passes_through():
     from dapo.train.cli import build_parser
 

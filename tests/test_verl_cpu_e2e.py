@@ -248,6 +248,7 @@ def test_dynamic_sampling_is_algorithm_1_on_the_rewards_the_run_logged(scenario,
         expected = [prompt_of[g] for g in kept for _ in range(preset.recipe.rollout.n)]
         assert [r["input"] for r in trained] == expected, f"step {step}: the trained groups are Algorithm 1's"
     print(f"steps that needed more than one generation batch: {refills} of {STEPS}")
+    assert refills >= 1, "no step refilled: raise the keep-rate margin of RECIPE's gen_batch_size"
 
 
 def test_metrics_have_the_local_backends_keys_and_the_health_plot_is_drawn(scenario, metrics):

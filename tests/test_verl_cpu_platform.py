@@ -142,3 +142,35 @@ def test_gpu_presets_carry_nothing_of_the_cpu_platform():
         text = " ".join(f"{s.key}={s.value}" for s in rows)
         assert "VERL_PLATFORM" not in text and "dapo.backends.verl.cpu" not in text, name
         assert "trainer.device" not in {s.key for s in rows}, name
+
+
+def test_the_run_dir_is_absolute_and_builtin_tiny_points_at_the_built_assets(tmp_path, monkeypatch):
+    """The driver and the workers have different working directories: verl's workers write the checkpoint shards to
+    the path the driver passes, so a relative run dir would scatter them. builtin:tiny becomes the assets'
+    policy/ and data files (where --dry-run says they would be built)."""
+    from dapo.backends.verl.run import on_this_machine
+    from dapo.tiny.assets import layout
+
+    monkeypatch.chdir(tmp_path)
+    preset = load_preset("verl-tiny")
+    out = on_this_machine(preset, build=False)
+    assert out.recipe.trainer.default_local_dir == str(tmp_path / "runs" / "verl-tiny")
+    where = layout(preset.local, tmp_path / "runs" / "verl-tiny" / "assets")
+    assert out.recipe.model.path == out.recipe.model.tokenizer_path == str(where.policy_dir)
+    assert out.recipe.data.train_files == [str(where.train_file)]
+    assert preset.recipe.model.path == "builtin:tiny"  # the caller's preset is left alone
+    interp = load_preset("smoke", ["recipe.trainer.default_local_dir=ckpts/${trainer.project_name}"])
+    assert on_this_machine(interp, build=False).recipe.trainer.default_local_dir == str(tmp_path / "ckpts" / "DAPO-smoke")
+
+
+def test_ray_init_takes_logical_gpus_only_when_it_starts_ray_itself():
+    """A RayJob's driver joins a running cluster (RAY_ADDRESS), where Ray refuses num_cpus / num_gpus; on a laptop
+    ray.init starts Ray with the CPU preset's logical GPUs."""
+    from dapo.backends.verl import config as verl_config
+    from dapo.backends.verl.run import ray_init_kwargs
+
+    cfg = verl_config.resolve(load_preset("verl-tiny")).cfg
+    assert ray_init_kwargs(cfg, {})["num_gpus"] == 2
+    assert ray_init_kwargs(cfg, {})["num_cpus"] == 2 * settings.CPU_RAY_CPUS_PER_GPU
+    joined = ray_init_kwargs(cfg, {"RAY_ADDRESS": "http://127.0.0.1:8265"})
+    assert "num_gpus" not in joined and "num_cpus" not in joined

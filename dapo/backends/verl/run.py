@@ -3,12 +3,16 @@
 :func:`run` resolves and validates verl's config (:mod:`dapo.backends.verl.config`) before anything touches Ray,
 prints it under :func:`describe`'s header, and (unless ``--dry-run``) starts Ray, builds the worker groups
 (:class:`dapo.backends.verl.workers.RayWorkers`) and the backend (:class:`dapo.backends.verl.backend.VerlBackend`) and
-runs the DAPO loop (:mod:`dapo.train.loop`). :func:`resume_step` and :func:`reseed_rollout_for_resume` seed the vLLM
-engines of a resumed run by its resume step.
+runs the DAPO loop (:mod:`dapo.train.loop`). Its steps are reusable (``dapo bench verl-fit`` builds on them):
+:func:`prepare` readies this process (:func:`on_this_machine`: an absolute run directory -- the workers write
+checkpoints there -- and the tiny model and task built for ``builtin:tiny``; for ``placement.accelerator: cpu`` the CPU
+platform of :mod:`dapo.backends.verl.cpu`), :func:`connect` joins or starts Ray with the run's runtime env
+(:func:`ray_init_kwargs`). :func:`resume_step` and :func:`reseed_rollout_for_resume` seed the vLLM engines of a
+resumed run by its resume step.
 
-Imports this package's ``backend`` and ``workers``, :func:`dapo.data.files.read_rows` (the prompt rows, read as
-on the local backend), and lazily ``config``, ``loss``, the loop and the checkpoint helpers; it sits on top of the
-package (no module of it imports this one).
+Imports this package's ``backend``, ``settings`` and ``workers``, :func:`dapo.data.files.read_rows` (the prompt rows,
+read as on the local backend), and lazily ``config``, ``loss``, the CPU platform's entry point, :mod:`dapo.tiny.assets`,
+the loop and the checkpoint helpers; it sits on top of the package (no module of it imports this one).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dapo.backends.verl.workers import RayWorkers
 from dapo.config import ConfigError, Preset
 from dapo.data.files import read_rows
 
-__all__ = ["describe", "run", "resume_step", "reseed_rollout_for_resume"]
+__all__ = ["describe", "run", "prepare", "connect", "on_this_machine", "resume_step", "reseed_rollout_for_resume"]
 
 
 def describe(preset: Preset, resolved: Any) -> str:
@@ -55,31 +59,17 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
         raise ConfigError("--run-dir is for the local backend; on verl set recipe.trainer.default_local_dir=...")
     environ = dict(os.environ)  # the job's own environment, before this process adds the run's
     dry_run = bool(getattr(args, "dry_run", False))
-    preset = on_this_machine(preset, build=not dry_run)
-    if preset.placement.accelerator == CPU_ACCELERATOR:
-        # verl's platform is chosen per process from VERL_PLATFORM: set it here before verl resolves it (the workers
-        # get it from the runtime env)
-        from dapo.backends.verl.cpu import plugin
-
-        os.environ.update(CPU_ENV)
-        plugin.activate()
+    preset = prepare(preset, build=not dry_run)
     resolved = verl_config.resolve(preset, verl_overrides)
     print(describe(preset, resolved))
     print(verl_config.to_yaml(resolved.cfg), flush=True)
     if dry_run:
         return 0
 
-    import ray
-
     from dapo.train.loop import DAPOLoop
 
     cfg = resolved.cfg
-    env = verl_config.runtime_env(cfg, environ)
-    os.environ.update({k: str(v) for k, v in env.get("env_vars", {}).items()})
-    if not ray.is_initialized():
-        ray.init(runtime_env=env, **ray_init_kwargs(cfg, environ))
-    import dapo.backends.verl.loss  # noqa: F401  (the driver resolves loss names too)
-
+    connect(cfg, environ)
     train_rows = read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
     val_rows = read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
     total_steps = preset.recipe.trainer.total_training_steps or _steps_for(preset, len(train_rows))
@@ -92,6 +82,33 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
         return int(loop.fit() or 0)
     finally:
         backend.close()
+
+
+def prepare(preset: Preset, build: bool = True) -> Preset:
+    """This process, before it resolves verl's config: the preset :func:`on_this_machine`, and for
+    ``placement.accelerator: cpu`` the CPU platform's environment set and the platform active (verl picks its platform
+    per process from ``VERL_PLATFORM``; the workers get the same variables from the runtime env)."""
+    preset = on_this_machine(preset, build=build)
+    if preset.placement.accelerator == CPU_ACCELERATOR:
+        from dapo.backends.verl.cpu import plugin
+
+        os.environ.update(CPU_ENV)
+        plugin.activate()
+    return preset
+
+
+def connect(cfg: Any, environ: dict[str, str]) -> None:
+    """Join (or start) the Ray cluster with the run's runtime env -- computed against ``environ``, the job's own
+    environment from before this process changed it -- and register the DAPO loss in the driver too."""
+    import ray
+
+    from dapo.backends.verl import config as verl_config
+
+    env = verl_config.runtime_env(cfg, environ)
+    os.environ.update({k: str(v) for k, v in env.get("env_vars", {}).items()})
+    if not ray.is_initialized():
+        ray.init(runtime_env=env, **ray_init_kwargs(cfg, environ))
+    import dapo.backends.verl.loss  # noqa: F401  (the driver resolves loss names too)
 
 
 def run_dir_of(preset: Preset) -> str:

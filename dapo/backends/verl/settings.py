@@ -191,7 +191,7 @@ def settings(preset: Preset) -> list[Setting]:
     put("trainer.use_v1", False, "fixed: the non-v1 worker groups; DAPO's loop is dapo.train.loop")
     if not r.reward.verl_agreement:
         # the loop scores every response on the driver; verl would start reward.num_workers (8) idle reward actors
-        put("reward.num_workers", 0, "recipe.reward.verl_agreement (false: no verl reward workers)")
+        put("reward.num_workers", 0, "recipe.reward.verl_agreement")
     cpu_env: dict[str, str] = {}
     if p.accelerator == CPU_ACCELERATOR:
         for key, value, why, append in cpu_settings(preset):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["VerlWorkers", "RayWorkers", "dapo_trainer_class"]
+__all__ = ["VerlWorkers", "RayWorkers", "build_trainer", "dapo_trainer_class"]
 
 
 class VerlWorkers(Protocol):
@@ -74,28 +74,10 @@ class RayWorkers:
     """
 
     def __init__(self, cfg: Any, total_training_steps: int, *, verl_agreement: bool = False):
-        from omegaconf import OmegaConf
-
-        from verl.trainer.main_ppo_v0 import BaseTaskRunner
-        from verl.utils.config import omega_conf_to_dataclass
-
-        OmegaConf.resolve(cfg)  # as verl's TaskRunner.run does before building anything
-        runner = BaseTaskRunner()
-        _, wg_cls = runner.add_actor_rollout_worker(cfg)
-        runner.add_reward_model_resource_pool(cfg)
-        pool = runner.init_resource_pool_mgr(cfg)
-        model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
+        trainer, model_config = build_trainer(cfg, dapo_trainer_class(total_training_steps, verl_agreement))
         self.tokenizer = model_config.tokenizer
         gen_eos = getattr(model_config.generation_config, "eos_token_id", None)
         self.eos_token_ids = set(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos] if gen_eos is not None else [])
-        trainer = dapo_trainer_class(total_training_steps, verl_agreement)(
-            config=cfg,
-            tokenizer=self.tokenizer,
-            processor=model_config.processor,
-            role_worker_mapping=runner.role_worker_mapping,
-            resource_pool_manager=pool,
-            ray_worker_group_cls=wg_cls,
-        )
         trainer.init_workers()  # ends with the rollout replicas asleep
         self._attach(trainer)
 
@@ -167,6 +149,34 @@ class RayWorkers:
 
     def close(self) -> None:
         self.sleep_replicas()
+
+
+def build_trainer(cfg: Any, trainer_cls: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """``trainer_cls`` (verl's ``RayPPOTrainer`` or a subclass) built as verl's non-v1 ``TaskRunner.run`` builds it:
+    the config resolved, the hybrid ActorRollout(Ref) role mapping and resource pool of ``BaseTaskRunner``, the
+    tokenizer and processor of ``HFModelConfig``; ``kwargs`` go to the trainer (verl's datasets, for its own
+    ``fit()``). Returns ``(trainer, model_config)``; ``init_workers`` is the caller's."""
+    from omegaconf import OmegaConf
+
+    from verl.trainer.main_ppo_v0 import BaseTaskRunner
+    from verl.utils.config import omega_conf_to_dataclass
+
+    OmegaConf.resolve(cfg)  # as verl's TaskRunner.run does before building anything
+    runner = BaseTaskRunner()
+    _, wg_cls = runner.add_actor_rollout_worker(cfg)
+    runner.add_reward_model_resource_pool(cfg)
+    pool = runner.init_resource_pool_mgr(cfg)
+    model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
+    trainer = trainer_cls(
+        config=cfg,
+        tokenizer=model_config.tokenizer,
+        processor=model_config.processor,
+        role_worker_mapping=runner.role_worker_mapping,
+        resource_pool_manager=pool,
+        ray_worker_group_cls=wg_cls,
+        **kwargs,
+    )
+    return trainer, model_config
 
 
 def dapo_trainer_class(total_training_steps: int, verl_agreement: bool) -> type:

@@ -1,0 +1,167 @@
+"""``dapo bench verl-fit``: seconds per rollout step of the DAPO loop on verl's workers vs verl's own
+``RayPPOTrainer.fit()``, side by side on the same worker groups, in one run.
+
+One set of workers serves both. verl's ``RayPPOTrainer`` is built as its ``main_ppo`` builds it (its dataloader over
+the preset's training file, its reward loop workers scoring with its ``dapo`` reward manager, GRPO advantages, our
+``dapo`` loss registered in every worker) and ``init_workers`` runs once. Then rounds alternate: ``fit()`` for
+``--steps`` steps, then :class:`dapo.train.loop.DAPOLoop` on a :class:`dapo.backends.verl.backend.VerlBackend` over
+the same trainer (``RayWorkers.from_trainer``) for ``--steps`` steps. Same recipe for both: the preset's batch
+(``train_batch_size`` prompts x ``n``), dynamic sampling off (the legacy trainer has none: the generation batch is the
+training batch), no validation, no checkpoints. A step's time is each trainer's own ``timing_s/step`` (verl's file
+logger; the loop's ``metrics.jsonl``); the first step of every round is dropped (warm-up). Prints the medians and the
+ratio (loop / fit) and writes them to ``--out``.
+
+Each trainer runs as it does in production: fit() with verl's agent loop streaming every response through verl's
+reward workers while it generates; the loop with that streaming switched off in the agent-loop workers (as
+``dapo train`` builds them: the loop scores every response once, on the driver) and switched on again before the next
+fit() round. The loop also writes its ``metrics.jsonl`` and console line every step.
+
+On CPU (``--preset verl-tiny``) it runs in the vLLM-on-CPU venv (``make setup-vllm``); on a GPU node, any verl preset
+with its own overrides. Imports the verl backend's run helpers and workers, the loop and the config loader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from dapo.config import load_preset
+
+FIT_ONLY = ["recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=null", "recipe.trainer.save_freq=0",
+            "recipe.trainer.test_freq=0", "recipe.trainer.val_before_train=false", "recipe.trainer.resume_mode=disable",
+            "recipe.trainer.logger=[console]"]  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dapo bench verl-fit", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="verl-tiny")
+    p.add_argument("--steps", type=int, default=4, help="steps per round and trainer (the first is dropped)")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of fit() and the loop")
+    p.add_argument("--run-dir", default="runs/bench-verl-fit", help="where both trainers write")
+    p.add_argument("--out", default=None, help="JSON result file (default <run dir>/verl-fit.json)")
+    p.add_argument("overrides", nargs="*", help="preset key=value overrides (e.g. recipe.data.train_batch_size=32)")
+    return p
+
+
+def _verl_dataset_file(train_file: str, run_dir: Path) -> str:
+    """The training file with ``data_source: math_dapo``: verl's reward manager picks its verifier by data source and
+    knows the DAPO name, not the tiny task's; the rows are otherwise the same."""
+    import pandas as pd
+
+    df = pd.read_parquet(train_file)
+    df["data_source"] = "math_dapo"
+    out = run_dir / "train-math_dapo.parquet"
+    df.to_parquet(out)
+    return str(out)
+
+
+def _fit_trainer(cfg: Any) -> Any:
+    """verl's own RayPPOTrainer with its datasets, as ``main_ppo_v0.TaskRunner.run`` builds it (workers started)."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from dapo.backends.verl.workers import build_trainer
+
+    model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
+    train = create_rl_dataset(cfg.data.train_files, cfg.data, model.tokenizer, model.processor, is_train=True)
+    val = create_rl_dataset(cfg.data.val_files, cfg.data, model.tokenizer, model.processor, is_train=False)
+    trainer, _ = build_trainer(cfg, RayPPOTrainer, train_dataset=train, val_dataset=val, collate_fn=collate_fn,
+                               train_sampler=create_rl_sampler(cfg.data, train))
+    trainer.init_workers()
+    return trainer
+
+
+def _agent_loop_scoring(trainer: Any, handles: Any) -> None:
+    """Set the reward workers verl's agent-loop workers stream responses to (None: no scoring while generating)."""
+    import ray
+
+    def put(worker: Any, h: Any) -> None:
+        worker.reward_loop_worker_handles = h
+
+    ray.get([w.__ray_call__.remote(put, handles) for w in trainer.async_rollout_manager.agent_loop_workers])
+
+
+def _step_seconds(records: list[dict], key: str = "timing_s/step") -> list[float]:
+    return [float(r[key]) for r in records if key in r]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from omegaconf import open_dict
+
+    from dapo.backends.verl import config as verl_config
+    from dapo.backends.verl.backend import VerlBackend
+    from dapo.backends.verl.run import connect, prepare
+    from dapo.backends.verl.workers import RayWorkers
+    from dapo.data.files import read_rows
+    from dapo.train.loop import DAPOLoop
+    from dapo.train.metrics import read_jsonl
+
+    run_dir = Path(args.run_dir).resolve()
+    steps = int(args.steps)
+    if steps < 2 or args.rounds < 1:
+        raise SystemExit("dapo bench verl-fit: --steps >= 2 (the first step of a round is dropped) and --rounds >= 1")
+    environ = dict(os.environ)
+    preset = load_preset(args.preset, [*args.overrides, *FIT_ONLY, f"recipe.trainer.total_training_steps={steps}",
+                                       f"recipe.trainer.default_local_dir={run_dir}"])
+    preset = prepare(preset)
+    cfg = verl_config.resolve(preset).cfg
+    fit_log = run_dir / "verl-fit.jsonl"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open_dict(cfg):
+        cfg.data.train_files = [_verl_dataset_file(preset.recipe.data.train_files[0], run_dir)]
+        cfg.reward.num_workers = 1  # verl's reward loop scores fit()'s rollouts (the loop scores its own)
+        cfg.trainer.logger = ["console", "file"]
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(fit_log)
+    connect(cfg, environ)
+    trainer = _fit_trainer(cfg)
+    rows = read_rows(list(cfg.data.train_files), "recipe.data.train_files")  # the same rows fit() reads
+    streaming = trainer.reward_loop_manager.reward_loop_workers
+    backend = VerlBackend(cfg, preset, RayWorkers.from_trainer(trainer), trainer.tokenizer)
+    fit_s: list[float] = []
+    loop_s: list[float] = []
+    for r in range(args.rounds):
+        _agent_loop_scoring(trainer, streaming)
+        t0 = time.time()
+        trainer.fit()
+        fit_wall = time.time() - t0
+        records = [rec["data"] for rec in read_jsonl(fit_log)]  # verl's file logger starts the file anew per fit()
+        fit_s += _step_seconds(records)[1:]
+        loop_dir = run_dir / f"loop-round-{r}"
+        _agent_loop_scoring(trainer, None)
+        t0 = time.time()
+        DAPOLoop(preset, backend, rows, [], loop_dir, progress=False).fit()
+        loop_wall = time.time() - t0
+        loop_s += _step_seconds([m for m in read_jsonl(loop_dir / "metrics.jsonl") if m.get("step", 0) >= 1])[1:]
+        print(f"round {r + 1}/{args.rounds}: fit() {fit_wall:.1f}s, loop {loop_wall:.1f}s for {steps} steps each",
+              flush=True)
+    result = {
+        "preset": preset.name, "steps_per_round": steps, "rounds": args.rounds,
+        "batch": f"{preset.recipe.data.train_batch_size} prompts x {preset.recipe.rollout.n}",
+        "verl_fit_step_s": fit_s, "dapo_loop_step_s": loop_s,
+        "verl_fit_median_s": statistics.median(fit_s), "dapo_loop_median_s": statistics.median(loop_s),
+        "machine": f"{os.cpu_count()} CPUs ({os.uname().machine})",
+    }  # fmt: skip
+    result["ratio_loop_over_fit"] = result["dapo_loop_median_s"] / result["verl_fit_median_s"]
+    out = Path(args.out) if args.out else run_dir / "verl-fit.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"seconds per rollout step (median of {len(fit_s)} / {len(loop_s)}): verl fit() "
+          f"{result['verl_fit_median_s']:.2f}, DAPO loop {result['dapo_loop_median_s']:.2f} -> loop/fit "
+          f"{result['ratio_loop_over_fit']:.3f} ({out})")
+    return result
+
+
+def cmd_verl_fit(argv: Optional[list[str]] = None) -> int:
+    run(build_parser().parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cmd_verl_fit())
