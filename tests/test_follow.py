@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from dapo.k8s.followers import RESULT_SCRIPT, STATE_DIR
 from dapo.train.runlog import started_at
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -152,6 +153,18 @@ def test_a_write_cut_by_a_kill_is_reported_not_printed_again(tmp_path):
     assert rc == 0, err
     assert out == b"==> the run succeeded: attempt 1 exited with code 0 <==\n"
     assert f"stopped while printing bytes 0-{size} of attempt-1.log" in err
+
+
+def test_sidecar_mode_hands_the_exit_code_to_the_pods_main_container_and_waits_for_sigterm(tmp_path):
+    log_dir, state = tmp_path / "logs", tmp_path / "state"
+    proc = follower(log_dir, "--state-dir", str(state), "--sidecar", "--backoff-limit", "0")
+    write_attempt(log_dir, "only", 5)
+    waiter = subprocess.run(["/bin/sh", "-c", RESULT_SCRIPT.replace(STATE_DIR, str(state))], timeout=30)
+    assert waiter.returncode == 1  # the chart's main container: exits with the follower's code
+    assert proc.poll() is None, "a restartable init container must not exit by itself (it would be restarted)"
+    proc.send_signal(signal.SIGTERM)
+    rc, out, _ = finish(proc)
+    assert rc == 0 and out.endswith(b"==> the run failed: 1 attempt(s) failed, backoffLimit 0 <==\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------
