@@ -43,7 +43,7 @@ WRITER = textwrap.dedent("""
         os.write(1, f"{tag} a line in two pie".encode())
         time.sleep(0.4)
         if rc == "kill":
-            time.sleep(0.3)  # the attempt log's copying thread writes the piece first
+            time.sleep(1.0)  # the attempt log's copying thread writes the piece first
             os.kill(os.getpid(), signal.SIGKILL)
         os.write(1, b"ces\\n")
         print(f"{tag} done", file=sys.stderr, flush=True)

@@ -23,10 +23,10 @@ been printed: the attempt, the byte offset, whether its header and the final lin
 recorded as pending before it and done after it; a follower restarted in the same pod resumes after the last
 recorded write and prints nothing again. A follower killed in the middle of a write (SIGKILL, OOM) may have cut it
 short: the restarted one says so, on stderr with the byte range, and skips it (the lines stay in the file). A new
-pod (the old one evicted, or lost with its node) starts with an empty state dir and prints the run from the
-beginning: the old pod's output is gone with it. ``--sidecar`` (the chart: a restartable init container, restarted
-in place) writes the exit code to ``<state dir>/result`` for the pod's main container and waits for SIGTERM instead
-of exiting. Diagnostics (waiting, API errors, restarts) go to stderr, never twice into the run's stream on stdout.
+pod (the old one evicted, or lost with its node and its log) starts with an empty state dir and prints the run from
+the beginning, once. ``--sidecar`` (the chart: a restartable init container, restarted in place) writes the exit
+code to ``<state dir>/result`` for the pod's main container and waits for SIGTERM instead of exiting. Diagnostics
+(waiting, API errors, restarts) go to stderr, outside the run's stream on stdout.
 """
 
 from __future__ import annotations
