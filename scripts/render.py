@@ -85,6 +85,9 @@ def header_for(name: str) -> str:
         f"# Same objects as: helm template {release} charts/dapo {helm}\n"
         "# Do not edit: change dapo/presets, values/ or charts/dapo and re-render. No namespace is set: apply with\n"
         "#   kubectl apply --server-side -n <namespace> -f <this file>\n"
+        "# Without a namespace the log follower's ServiceAccount, Role and RoleBinding are left out (a RoleBinding\n"
+        "# names its ServiceAccount's namespace): it then ends the run on its attempt logs alone. For them, render\n"
+        "# with --namespace <namespace>.\n"
     )
 
 
@@ -99,21 +102,33 @@ def apply(objects: list[dict[str, Any]], namespace: str | None) -> None:
         kconfig.load_incluster_config()
     from kubernetes.dynamic.exceptions import NotFoundError
 
-    from dapo.k8s.upgrade import upgrade_refusal
+    from dapo.k8s.upgrade import follower_refusal, upgrade_refusal
 
     client = dynamic.DynamicClient(api_client.ApiClient())
-    # the chart's upgrade guard: never change the spec of an existing RayJob (its next retry would run the change)
-    for obj in objects:
-        if obj["kind"] != "RayJob":
-            continue
-        ns = obj["metadata"].get("namespace") or namespace or "default"
-        res = client.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+
+    def live_object(api_version: str, kind: str, name: str, ns: str):
         try:
-            live = res.get(name=obj["metadata"]["name"], namespace=ns).to_dict()
+            return client.resources.get(api_version=api_version, kind=kind).get(name=name, namespace=ns).to_dict()
         except NotFoundError:
-            live = None
-        kind = obj["metadata"]["labels"]["app.kubernetes.io/component"]
-        refusal = upgrade_refusal(kind, obj, live, ns)
+            return None
+
+    # the chart's upgrade guards: never change the spec of an existing RayJob (its next retry would run the change),
+    # nor the pod template of a log follower Job (immutable), nor keep a follower whose RayJob is gone
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    for obj in objects:
+        ns = obj["metadata"].get("namespace") or namespace or "default"
+        name = obj["metadata"]["name"]
+        if obj["kind"] == "RayJob":
+            kind = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+            follower = f"{name}-logs" if ("Job", f"{name}-logs") in names else None
+            refusal = upgrade_refusal(kind, obj, live_object(obj["apiVersion"], "RayJob", name, ns), ns, follower)
+        elif obj["kind"] == "Job" and name.endswith("-logs"):
+            rayjob = name[: -len("-logs")]
+            live = live_object("batch/v1", "Job", name, ns)
+            refusal = live and follower_refusal(obj, live, rayjob, live_object("ray.io/v1", "RayJob", rayjob, ns)
+                                                is not None, ns)
+        else:
+            continue
         if refusal:
             raise ValuesError(refusal)
     for obj in objects:

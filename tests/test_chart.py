@@ -46,11 +46,13 @@ def test_every_values_file_lints_strict_and_renders_its_preset(name):
     assert report["total_charts_linted"] == 1
     objects = by_key(helm_objects(values, release=release))
     kinds = sorted(k for k, _ in objects)
+    follower = ["Job", "Role", "RoleBinding", "ServiceAccount"]  # every RayJob's log follower (logs.enabled)
+    assert ("Job", f"{release}-{'eval' if name == 'eval' else 'train'}-logs") in objects
     if name == "eval":
-        assert kinds == ["RayJob"]
+        assert kinds == sorted(["RayJob"] + follower)
         return
     pdb = ["PodDisruptionBudget"] if values.get("disruption", {}).get("podDisruptionBudget") else []
-    assert kinds == sorted(["ConfigMap", "PersistentVolumeClaim", "RayJob"] + pdb)
+    assert kinds == sorted(["ConfigMap", "PersistentVolumeClaim", "RayJob"] + pdb + follower)
     job = objects[("RayJob", f"{release}-train")]
     if values.get("train", {}).get("runner") == "reference":  # the upstream recipe; see tests/test_reference.py
         assert " python3 -m recipe.dapo.src.main_dapo " in job["spec"]["entrypoint"]
@@ -229,6 +231,8 @@ def test_schema_forbids_unknown_keys_at_every_level_of_our_own_sections():
 
 def test_notes_give_the_next_commands():
     notes = helm_notes(user_values([VALUES_DIR / "full.yaml"]), release="dapo", namespace="ml")
+    commands = [line.strip() for line in notes.splitlines() if line.startswith("  kubectl")]
+    assert commands[0] == "kubectl logs -n ml -f job/dapo-train-logs"  # the log follower leads
     for expected in (
         "kubectl get rayjob dapo-train -n ml",
         # HTTPMode: no submitter Job; the driver log of every attempt is on the shared volume
@@ -237,7 +241,7 @@ def test_notes_give_the_next_commands():
         "-c ray-head",
         "Ray head container (GCS, dashboard: not the driver)",
         "helm upgrade` is refused while dapo-train exists",
-        "kubectl -n ml delete rayjob dapo-train",
+        "kubectl -n ml delete rayjob/dapo-train job/dapo-train-logs",
         "helm test dapo -n ml",
         "activeDeadlineSeconds is per attempt; all attempts together at most 10368000 s",
         "kubectl port-forward -n ml svc/dapo-train-head-svc 8265:8265",
@@ -245,11 +249,15 @@ def test_notes_give_the_next_commands():
         "kubectl delete pvc dapo-shared -n ml",
     ):
         assert expected in notes, expected
-    assert "job/dapo-train" not in notes  # HTTPMode has no submitter Job
+    assert not re.search(r"(?<!ray)job/dapo-train\b(?!-)", notes)  # HTTPMode has no submitter Job
     k8s_job = helm_notes(user_values([VALUES_DIR / "full.yaml"], {"train": {"submissionMode": "K8sJobMode"}}))
-    assert "kubectl logs -n ml -f job/dapo-train" in k8s_job
+    assert "kubectl logs -n ml -f job/dapo-train\n" in k8s_job
     eval_notes = helm_notes(user_values(set_files("eval")[0]), release="dapo-aime", namespace="ml")
     assert "kubectl get rayjob dapo-aime-eval -n ml" in eval_notes and "dapo-train" not in eval_notes
+    assert [line.strip() for line in eval_notes.splitlines() if line.startswith("  kubectl")][0] == \
+        "kubectl logs -n ml -f job/dapo-aime-eval-logs"
+    off = helm_notes(user_values([VALUES_DIR / "full.yaml"], {"logs": {"enabled": False}}), namespace="ml")
+    assert "-logs" not in off and "kubectl -n ml delete rayjob dapo-train," in off
 
 
 def test_standard_labels_on_every_object():

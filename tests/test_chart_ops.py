@@ -28,7 +28,7 @@ from dapo.k8s import ValuesError, load_values
 from dapo.k8s.manifests import Chart
 from dapo.k8s.presets import effective_preset, merged_preset, trainer_path
 from dapo.config import split_overrides
-from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, go_json, spec_sha256, upgrade_refusal
+from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, follower_refusal, go_json, spec_sha256, upgrade_refusal
 from k8s_support import (
     CHART_DIR,
     VALUES_DIR,
@@ -379,7 +379,8 @@ def test_shared_volume_test_script_writes_reads_back_and_names_the_fix(tmp_path)
 
 
 class FakeApiServer:
-    """Just enough of the Kubernetes API for Helm's `lookup`: discovery of ray.io/v1 and GET of RayJobs."""
+    """Just enough of the Kubernetes API for Helm's `lookup`: discovery of ray.io/v1 and batch/v1, GET of RayJobs
+    and Jobs (``objects``: name -> object, its kind says which)."""
 
     def __init__(self, objects: dict[str, dict]):
         self.objects = objects
@@ -406,9 +407,14 @@ class FakeApiServer:
                                             "resources": [{"name": "rayjobs", "singularName": "rayjob",
                                                            "namespaced": True, "kind": "RayJob",
                                                            "verbs": ["get", "list"]}]})
-                m = re.fullmatch(r"/apis/ray.io/v1/namespaces/([^/]+)/rayjobs/([^/]+)", path)
-                if m and m.group(2) in outer.objects:
-                    return self._send(200, outer.objects[m.group(2)])
+                if path == "/apis/batch/v1":
+                    return self._send(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "batch/v1",
+                                            "resources": [{"name": "jobs", "singularName": "job", "namespaced": True,
+                                                           "kind": "Job", "verbs": ["get", "list"]}]})
+                m = re.fullmatch(r"/apis/(ray.io|batch)/v1/namespaces/([^/]+)/(rayjobs|jobs)/([^/]+)", path)
+                obj = outer.objects.get(m.group(4)) if m else None
+                if obj is not None and obj["kind"] == {"rayjobs": "RayJob", "jobs": "Job"}[m.group(3)]:
+                    return self._send(200, obj)
                 return self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                         "reason": "NotFound", "code": 404})
 
@@ -459,9 +465,13 @@ def test_upgrade_guard_uses_helms_lookup_and_refuses_a_spec_change_of_a_live_ray
         helm_upgrade_render(changed, {"dapo-train": _live(job)})
     msg = str(exc.value).split("): ", 1)[-1]
     assert msg.startswith("train: the RayJob dapo-train already exists in namespace ml (deployment status Running)")
-    assert "kubectl -n ml delete rayjob dapo-train" in msg and "new release" in msg
+    # the way out deletes its log follower too (its next run needs a new one)
+    assert "kubectl -n ml delete rayjob/dapo-train job/dapo-train-logs" in msg and "new release" in msg
     new = by_key(python_objects([VALUES_DIR / "full.yaml"], extra={"nodes": 8}))[("RayJob", "dapo-train")]
-    assert upgrade_refusal("train", new, _live(job), "ml") == msg
+    assert upgrade_refusal("train", new, _live(job), "ml", "dapo-train-logs") == msg
+    no_follower = user_values([VALUES_DIR / "full.yaml"], {"nodes": 8, "logs": {"enabled": False}})
+    with pytest.raises(helm().HelmRenderError, match="kubectl -n ml delete rayjob dapo-train;"):
+        helm_upgrade_render(no_follower, {"dapo-train": _live(job)})
     # a finished run is guarded too (its retry budget may be spent, but a re-created RayJob would use the change)
     with pytest.raises(helm().HelmRenderError, match="deployment status Complete"):
         helm_upgrade_render(changed, {"dapo-train": _live(job, "Complete")})
@@ -470,6 +480,32 @@ def test_upgrade_guard_uses_helms_lookup_and_refuses_a_spec_change_of_a_live_ray
     del bare["metadata"]["annotations"]
     with pytest.raises(helm().HelmRenderError, match="would change its spec"):
         helm_upgrade_render(values, {"dapo-train": bare})
+
+
+def test_follower_guard_refuses_to_change_a_live_follower_job_or_keep_one_whose_rayjob_is_gone():
+    values = user_values([VALUES_DIR / "full.yaml"])
+    objects = by_key(helm_objects(values))
+    job, follower = objects[("RayJob", "dapo-train")], objects[("Job", "dapo-train-logs")]
+    assert follower["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == spec_sha256(follower["spec"])
+    live = {"dapo-train": _live(job), "dapo-train-logs": follower}
+    rendered, api = helm_upgrade_render(values, live)  # unchanged, its RayJob live: allowed
+    assert "/apis/batch/v1/namespaces/ml/jobs/dapo-train-logs" in api.requests
+    # the RayJob was deleted (to change or restart the run): the upgrade would create a new run under the old Job
+    with pytest.raises(helm().HelmRenderError) as exc:
+        helm_upgrade_render(values, {"dapo-train-logs": follower})
+    msg = str(exc.value).split("): ", 1)[-1]
+    assert msg.startswith("logs: the log follower Job dapo-train-logs already exists in namespace ml and follows "
+                          "the RayJob dapo-train, which no longer exists")
+    assert "kubectl -n ml delete job dapo-train-logs;" in msg
+    assert follower_refusal(follower, follower, "dapo-train", False, "ml") == msg
+    # its pod template would change (the API server would refuse it as immutable): refused with the way out
+    changed = user_values([VALUES_DIR / "full.yaml"], {"logs": {"resources": {"limits": {"memory": "256Mi"}}}})
+    with pytest.raises(helm().HelmRenderError, match="would change, and a Job's pod template cannot"):
+        helm_upgrade_render(changed, live)
+    new = by_key(python_objects([VALUES_DIR / "full.yaml"], extra={"logs": {"resources": {
+        "limits": {"memory": "256Mi"}}}}))[("Job", "dapo-train-logs")]
+    assert "would change" in follower_refusal(new, follower, "dapo-train", True, "ml")
+    assert follower_refusal(follower, follower, "dapo-train", True, "ml") is None
 
 
 def test_spec_hash_follows_the_spec_and_the_preset_files_only():

@@ -261,6 +261,13 @@ def test_three_benchmarks_prepare_check_and_score_over_checkpoints_killed_and_re
         shutil.rmtree(temp2, ignore_errors=True)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
     assert "step 1: every benchmark already has a result -- skipped" in second.stdout
+    # each run is an attempt of the evaluation RayJob: its driver log is kept under --output for the log follower
+    logs = out / "logs"
+    assert sorted(p.name for p in logs.glob("attempt-*.log")) == ["attempt-1.log", "attempt-2.log"]
+    assert "dapo: exit code" not in (logs / "attempt-1.log").read_text()  # killed: no exit line
+    second_log = (logs / "attempt-2.log").read_text()
+    assert "[eval] serving " in second_log and second_log.splitlines()[-1] == \
+        f"dapo: exit code 0 | log {logs / 'attempt-2.log'}"
     assert second.stdout.count("[eval] serving ") == 1, "only the unfinished checkpoint is served again"
 
     for step in (1, 2):

@@ -12,10 +12,14 @@ there). The rendered entrypoint, runtime env and entrypoint resources are submit
    (what KubeRay's retry does) and resumes from the newest complete checkpoint on the shared directory;
 4. it ends with the same metrics (every metrics.jsonl record but timings, summary.json, final weights) as the
    uninterrupted run; exactly `max_ckpt_to_keep` complete checkpoints remain; every attempt's driver log is at
-   `<trainer.default_local_dir>/logs/attempt-<N>.log`.
+   `<trainer.default_local_dir>/logs/attempt-<N>.log`; both attempts logged to the same (offline) wandb run;
+5. the log follower, started from the rendered follower Job's command and arguments (its emptyDir and the shared
+   volume under the test's directory) before the first attempt, printed both attempts' logs, every step line once,
+   and handed exit code 0 to the Job's main container, whose rendered command exits with it.
 
 Not modelled (docs/deploy.md, "What was rehearsed"): pod recreation by Kubernetes, image pulls, NCCL, losing the head,
-KubeRay's own retry controller (here the test resubmits; the head survives, where KubeRay builds a new cluster).
+KubeRay's own retry controller (here the test resubmits; the head survives, where KubeRay builds a new cluster), the
+API server (the follower runs without one: it judges the end from the attempt logs and the rendered backoffLimit).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import json
 import os
 import shlex
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -89,7 +95,27 @@ def _render(root: Path):
         "overrides": overrides,
     })
     objects = by_key(helm_objects(values, release=release))
-    return objects[("RayJob", f"{release}-train")], objects[("ConfigMap", f"{release}-preset")], shared, presets_dir
+    return (objects[("RayJob", f"{release}-train")], objects[("ConfigMap", f"{release}-preset")],
+            objects[("Job", f"{release}-train-logs")], shared, presets_dir)
+
+
+def _follower(job, root: Path, env: dict[str, str]):
+    """The rendered follower Job's two containers as processes, its emptyDir at root/state: the printer (the
+    restartable init container) started now, and the command of the main container, to run at the end."""
+    pod = job["spec"]["template"]["spec"]
+    (follow,), (result,) = pod["initContainers"], pod["containers"]
+    (state,) = [m["mountPath"] for m in follow["volumeMounts"] if m["name"] == "state"]
+    local = str(root / "state")
+    argv = [a.replace(state, local) for a in follow["command"] + follow["args"]]
+    out = open(root / "follower.out", "wb")
+    proc = subprocess.Popen(argv, env=env, stdout=out, stderr=open(root / "follower.err", "wb"),
+                            start_new_session=True)
+    return proc, [a.replace(state, local) for a in result["command"]], Path(local)
+
+
+def _wandb_runs(shared: Path, run_id: str) -> list[Path]:
+    """The offline wandb run directories of run id ``run_id`` under the shared volume (one per attempt)."""
+    return sorted(d for d in shared.rglob(f"offline-run-*-{run_id}") if d.is_dir())
 
 
 def _effective_preset(rayjob, presets_dir: Path):
@@ -158,10 +184,10 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
     def phase(msg):
         print(f"[{time.monotonic() - t0:6.1f}s] {msg}", file=sys.stderr)
 
-    cluster = None
+    cluster = follower = None
     try:
         # --- the rendered objects ----------------------------------------------------------------------------
-        rayjob, configmap, shared, presets_dir = _render(root)
+        rayjob, configmap, follower_job, shared, presets_dir = _render(root)
         presets_dir.mkdir(parents=True)
         for key, text in configmap["data"].items():  # what the kubelet mounts at train.presetDir
             (presets_dir / key).write_text(text)
@@ -223,6 +249,10 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         assert (run_dir / "logs" / "attempt-1.log").is_file(), sorted(run_dir.rglob("*.log"))
         straight = run_dir.with_name(run_dir.name + "-straight")
         run_dir.rename(straight)  # the rehearsed run starts from an empty run directory
+
+        # the log follower of the rehearsed run, as the chart starts it: before the run's log directory exists
+        follower_env = {k: v for k, v in env.items() if not k.startswith("KUBERNETES_")}  # no API server here
+        follower, result_cmd, state_dir = _follower(follower_job, root, follower_env)
 
         # --- 2. attempt 1 loses the pod of its driver after its first checkpoint -----------------------------
         first_id = kuberay_job_id(rayjob)
@@ -294,7 +324,42 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         assert complete_steps(straight / "checkpoints") == list(range(steps - keep + 1, steps + 1))
         assert not list(ckpts.glob(".tmp-*")) + list(ckpts.glob(".trash-*")), "a temporary directory was left behind"
         phase("same metrics, retention and attempt logs checked")
+
+        # --- 5. one wandb run across the attempts; the follower's stream of both ---------------------------------
+        run_id = (run_dir / "wandb_run_id").read_text().strip()
+        runs = _wandb_runs(shared, run_id)
+        # both attempts opened the run of the id the first one wrote to <run dir>/wandb_run_id; the first was killed
+        # right after saving step 1, before it logged that step (the loop logs a step after its checkpoint), so its
+        # records are the second's to write: the resumed attempt logs step 1's metrics, saved with the checkpoint,
+        # then the rest -- one curve
+        assert len(runs) == 2, f"one offline wandb run directory per attempt, both of run {run_id}: {runs}"
+        data = (runs[1] / f"run-{run_id}.wandb").read_bytes()
+        assert run_id.encode() in data and b"response_length/mean" in data, runs[1]
+        assert (straight / "wandb_run_id").read_text().strip() != run_id  # the uninterrupted run had its own
+        deadline = time.monotonic() + 60
+        while not (state_dir / "result").exists():
+            assert follower.poll() is None, (root / "follower.err").read_text()
+            assert time.monotonic() < deadline, (root / "follower.err").read_text()
+            time.sleep(0.5)
+        waiter = subprocess.run(result_cmd, timeout=30)
+        assert waiter.returncode == 0, "the follower Job's main container exits with the run's result"
+        follower.send_signal(signal.SIGTERM)
+        assert follower.wait(timeout=30) == 0
+        out = (root / "follower.out").read_bytes()
+        first, second = (logs / "attempt-1.log").read_bytes(), (logs / "attempt-2.log").read_bytes()
+        pos1 = out.index(f"==> attempt 1, started ".encode())
+        pos2 = out.index(f"==> attempt 2, started ".encode())
+        assert out[out.index(b"\n", pos1) + 1:].startswith(first) and pos1 < pos2
+        assert out[out.index(b"\n", pos2) + 1:].startswith(second)
+        assert out.endswith(b"==> the run succeeded: attempt 2 exited with code 0 <==\n")
+        step_lines = [line for line in (first + second).splitlines() if line.startswith(b"step ")]
+        assert step_lines and any(line.startswith(f"step {steps}/{steps} ".encode()) for line in step_lines)
+        for line in step_lines:  # every step line of both attempts, once each
+            assert out.count(line + b"\n") == (first + second).count(line + b"\n"), line
+        phase("one wandb run over both attempts; the follower printed both attempts and exited 0")
     finally:
+        if follower is not None and follower.poll() is None:
+            follower.kill()
         if cluster is not None:
             cluster.close()
         stop_marked_processes(str(root))

@@ -60,6 +60,8 @@ EVERY_BRANCH = {
              "gpusPerNode": 8, "benchmarks": ["aime25", "math500"],
              "submissionMode": "HTTPMode", "extraArgs": ["--n-samples", "32"], "activeDeadlineSeconds": None,
              "runtimeEnv": {"VLLM_LOGGING_LEVEL": "DEBUG"}},
+    "logs": {"image": {"repository": "registry.local/dapo-logs", "tag": ""}, "rbac": {"create": False},
+             "serviceAccountName": "log-reader", "ttlSecondsAfterFinished": 86400, "backoffLimit": 0},
 }
 
 
@@ -75,7 +77,8 @@ def test_helm_and_render_py_give_the_same_objects_for_every_preset(name):
 def test_helm_and_render_py_agree_on_every_template_branch():
     helm = by_key(helm_objects(copy.deepcopy(EVERY_BRANCH), release="r1", namespace="team-a"))
     python = by_key(python_objects([], release="r1", namespace="team-a", extra=copy.deepcopy(EVERY_BRANCH)))
-    assert sorted(helm) == sorted(python) == [("ConfigMap", "dapo-exp-preset"), ("RayJob", "dapo-exp-eval"),
+    assert sorted(helm) == sorted(python) == [("ConfigMap", "dapo-exp-preset"), ("Job", "dapo-exp-eval-logs"),
+                                              ("Job", "dapo-exp-train-logs"), ("RayJob", "dapo-exp-eval"),
                                               ("RayJob", "dapo-exp-train")]
     for key in helm:
         assert python[key] == helm[key], key
@@ -86,6 +89,10 @@ def test_helm_and_render_py_agree_on_every_template_branch():
     assert "WANDB_TAGS" in yaml.safe_load(train["runtimeEnvYAML"])["env_vars"]
     assert yaml.safe_load(train["runtimeEnvYAML"])["env_vars"]["WANDB_TAGS"] == EVERY_BRANCH["train"]["runtimeEnv"][
         "WANDB_TAGS"]
+    follower = python[("Job", "dapo-exp-eval-logs")]["spec"]
+    assert follower["ttlSecondsAfterFinished"] == 86400 and follower["template"]["spec"]["serviceAccountName"] == \
+        "log-reader"
+    assert follower["template"]["spec"]["initContainers"][0]["image"] == "registry.local/dapo-logs:0.1.0-verl0.9.1"
 
 
 @pytest.mark.parametrize("text", ["plain", 'q"uote', "back\\slash", "tab\there", "nl\nx", "bell\a", "\x7f",

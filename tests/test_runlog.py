@@ -221,3 +221,65 @@ def test_sigterm_stops_the_loop_like_ctrl_c_and_the_log_gets_its_last_lines(tmp_
     text = log.read_text()
     assert "interrupted during step 1; newest checkpoint: none" in text
     assert text.splitlines()[-1] == f"dapo: exit code 130 | log {log}"
+
+
+def test_both_writers_start_with_the_utc_start_and_end_with_an_exit_code_the_reader_knows(tmp_path):
+    """The follower finds an attempt's start on its first line and its end on its last, from dapo.train.runlog and
+    from the reference runner's dapo.reference.attempt_log alike (each proc's file, not a copy of the format)."""
+    import time
+    from datetime import datetime, timezone
+
+    from dapo.train.runlog import exit_code_of, started_at
+
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    ours = _attempt(tmp_path / "ours", 3)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ref = subprocess.run([sys.executable, "-m", "dapo.reference.attempt_log", "--log-dir", str(tmp_path / "ref"), "--",
+                          sys.executable, "-c", "print('recipe line'); raise SystemExit(4)"], capture_output=True,
+                         env=env, timeout=60)
+    assert (ours.returncode, ref.returncode) == (3, 4)
+    time.sleep(0.01)
+    after = datetime.now(timezone.utc)
+    for path, rc in ((tmp_path / "ours" / "attempt-1.log", 3), (tmp_path / "ref" / "attempt-1.log", 4)):
+        lines = path.read_bytes().splitlines(keepends=True)
+        assert before <= started_at(lines[0]) <= after, lines[0]
+        assert exit_code_of(lines[-1], 1) == rc
+        assert exit_code_of(lines[-1], 2) is None  # another attempt's exit line
+        assert all(exit_code_of(line, 1) is None for line in lines[:-1])
+    assert started_at(b"dapo: this attempt's log (stdout + stderr): /x/attempt-1.log | started 2025-06-01 "
+                      b"12:00:00 CEST\n") is None  # an older log in a local time zone: unknown, not wrong
+    assert exit_code_of(b"dapo: exit code -9 | log /r/logs/attempt-12.log\n", 12) == -9
+
+
+@pytest.mark.parametrize("body, code", [("raise SystemExit()", 0), ("raise SystemExit(5)", 5),
+                                        ("raise SystemExit('bad input')", 1), ("return 7", 7)])
+def test_run_logged_writes_the_status_python_exits_with(tmp_path, body, code):
+    script = (f"import sys\nfrom dapo.train.runlog import run_logged\ndef fn():\n    {body}\n"
+              "sys.exit(run_logged(sys.argv[1], fn, header='t', prog='t'))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == code, proc.stderr
+    last = (tmp_path / "attempt-1.log").read_text().splitlines()[-1]
+    assert last == f"dapo: exit code {code} | log {tmp_path / 'attempt-1.log'}"
+
+
+def test_dapo_eval_run_writes_an_attempt_log_under_its_output(tmp_path):
+    """Each attempt of the evaluation RayJob (`dapo eval run --output DIR`) leaves DIR/logs/attempt-<N>.log, even when
+    it stops at once (here: no checkpoint yet); without --output, or with --no-attempt-log, none."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    test_file = tmp_path / "aime.parquet"
+    test_file.write_bytes(b"")
+    base = [sys.executable, "-m", "dapo.eval", "run", "--checkpoint-dir", str(tmp_path / "ckpt"), "--test-file",
+            str(test_file)]
+    (tmp_path / "ckpt").mkdir()
+    for n in (1, 2):
+        proc = subprocess.run(base + ["--output", str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        log = tmp_path / "out" / "logs" / f"attempt-{n}.log"
+        text = log.read_text()
+        assert "no checkpoint in" in text and text.splitlines()[-1] == f"dapo: exit code 1 | log {log}"
+    proc = subprocess.run(base + ["--output", str(tmp_path / "out2"), "--no-attempt-log"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and not (tmp_path / "out2" / "logs").exists()

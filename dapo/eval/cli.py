@@ -9,7 +9,8 @@ Subcommands:
 - ``dapo eval export`` turn a training checkpoint (verl FSDP shards) into an HF directory.
 - ``dapo eval run``    all three: export the step, serve it, run the client, remove the app. The chart's eval job:
   ``dapo eval run --checkpoint-dir <dir> --step latest --test-file <parquet> --output <dir>
-  [--tensor-parallel-size N ...]``.
+  [--tensor-parallel-size N ...]``. With ``--output``, each run (each attempt of the RayJob) tees its stdout and
+  stderr into ``<output>/logs/attempt-<N>.log`` (:mod:`dapo.train.runlog`), which the chart's log follower prints.
 
 Metric semantics: :mod:`dapo.eval.metrics`; client: :mod:`dapo.eval.client` (output files and the answer log:
 :mod:`dapo.eval.records`; requests: :mod:`dapo.eval.endpoint`; scoring: :mod:`dapo.eval.scoring`); serving:
@@ -117,6 +118,8 @@ def _run_parser(sub) -> None:
     p.add_argument("--wandb-project", default=None)
     p.add_argument("--wandb-run-name", default=None)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-attempt-log", action="store_true",
+                   help="do not write OUTPUT/logs/attempt-N.log (stdout + stderr of this attempt)")
     add_serve_args(p, model_required=False)
     # preset-overridable serve flags: None = not given
     p.set_defaults(tensor_parallel_size=None, max_model_len=None)
@@ -358,6 +361,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         return main_args(args)
     if args.command == "score":
         return score_main(args)
+    if args.output and not args.no_attempt_log:  # the driver log of each RayJob attempt, beside the results
+        from dapo.train.runlog import run_logged
+
+        return run_logged(Path(args.output) / "logs", lambda: run_main(args), prog="dapo eval run",
+                          header="dapo eval run " + " ".join((argv if argv is not None else sys.argv[1:])[1:]))
     return run_main(args)
 
 

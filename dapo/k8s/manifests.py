@@ -18,13 +18,16 @@ Objects (K = fullname), and the module that builds each:
   recipe.dapo.src.main_dapo <args>``.
 - RayJob ``K-eval`` (``eval.enabled``, :mod:`dapo.k8s.rayjobs`): ``dapo eval run --checkpoint-dir ... --step ...
   --test-file ... --output ...``.
+- ServiceAccount, Role, RoleBinding ``K-logs`` and Jobs ``K-train-logs`` / ``K-eval-logs`` (``logs.enabled``,
+  :mod:`dapo.k8s.followers`): one log follower per RayJob, ``kubectl logs -f job/K-train-logs``.
 - PodDisruptionBudget ``K-train`` (``disruption.podDisruptionBudget``): maxUnavailable 0 over the training pods (here).
 - helm test pods (:mod:`dapo.k8s.helm_tests`; :meth:`Chart.test_pods`, not in :meth:`Chart.objects`):
   ``K-test-shared``, ``K-test-gpu``.
 
-Every RayJob carries the annotation ``dapo-k8s.github.io/spec-sha256`` (:func:`dapo.k8s.upgrade.spec_sha256`); an
-upgrade that would change it while the RayJob exists is refused (:func:`dapo.k8s.upgrade.upgrade_refusal`, the
-chart's ``dapo.upgradeGuard``).
+Every RayJob and follower Job carries the annotation ``dapo-k8s.github.io/spec-sha256``
+(:func:`dapo.k8s.upgrade.spec_sha256`); an upgrade that would change it while the object exists is refused
+(:func:`dapo.k8s.upgrade.upgrade_refusal`, :func:`~dapo.k8s.upgrade.follower_refusal`, the chart's
+``dapo.upgradeGuard`` and ``dapo.followerGuard``).
 
 Names, labels and the merged values live in :mod:`dapo.k8s.context`; this module imports the builders above and
 :mod:`dapo.k8s.presets`.
@@ -34,25 +37,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from dapo.k8s.followers import LogFollowers
 from dapo.k8s.helm_tests import HelmTestPods
 from dapo.k8s.presets import preset_files
-from dapo.k8s.rayjobs import RayJobs
 
 # Labels only Helm writes; scripts/render.py output has none of them.
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 
 
-class Chart(RayJobs, HelmTestPods):
+class Chart(LogFollowers, HelmTestPods):
     """Every object of the chart: the ConfigMap, PDB and PVC here, the RayJobs (:class:`dapo.k8s.rayjobs.RayJobs`),
-    the helm test pods (:class:`dapo.k8s.helm_tests.HelmTestPods`)."""
+    their log followers (:class:`dapo.k8s.followers.LogFollowers`), the helm test pods
+    (:class:`dapo.k8s.helm_tests.HelmTestPods`)."""
 
     # -- objects -------------------------------------------------------------------------------------------------
 
     def objects(self) -> list[dict[str, Any]]:
-        """Every object but the helm test pods, in template order (ConfigMap, PDB, PVC, RayJobs)."""
+        """Every object but the helm test pods, in template order (ConfigMap, log followers, PDB, PVC, RayJobs)."""
         out = []
         if self.v["train"]["enabled"]:
             out.append(self.preset_configmap())
+        out += self.follower_objects()
         if self.v["train"]["enabled"] and self.v["disruption"]["podDisruptionBudget"]:
             out.append(self.pdb())
         if not self.v["storage"]["existingClaim"]:

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, Optional
 
-from dapo.train.runlog import create_attempt_file
+from dapo.train.runlog import create_attempt_file, started_stamp
 
 
 def open_next_attempt(log_dir: Path) -> tuple[int, BinaryIO]:
@@ -38,7 +38,7 @@ def run(cmd: list[str], log_dir: Path, cwd: Optional[Path] = None, out: Optional
     n, log = open_next_attempt(log_dir)
     cwd = cwd or log_dir
     cwd.mkdir(parents=True, exist_ok=True)
-    header = f"[attempt_log] attempt {n}: {' '.join(cmd)} (cwd {cwd})\n".encode()
+    header = f"[attempt_log] attempt {n}: {' '.join(cmd)} (cwd {cwd}) | {started_stamp()}\n".encode()
     with log:
         log.write(header)
         out.write(header)

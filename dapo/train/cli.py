@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from dapo.config import ConfigError, list_presets, load_preset, split_overrides
@@ -98,39 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if log_dir is None:
         return _run(preset, args, verl_overrides)
-    from dapo.train.runlog import AttemptLog
+    from dapo.train.runlog import run_logged
 
-    log = AttemptLog(log_dir, header=f"dapo train --preset {args.preset} {' '.join(args.overrides)}".rstrip())
-    try:
-        log.__enter__()
-    except OSError as exc:
-        print(f"dapo train: cannot create the attempt log in {log_dir}: {exc} (is the volume writable?)",
-              file=sys.stderr)
-        return 2
-    previous = _sigterm_as_interrupt()
-    try:
-        rc = _run(preset, args, verl_overrides)
-    except BaseException as exc:  # a traceback or Ctrl-C still ends up in the file
-        log.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    log.close(rc)
-    return rc
-
-
-def _sigterm_as_interrupt():
-    """SIGTERM (``ray job stop``, a pod being deleted) interrupts the loop like Ctrl-C: it says which checkpoint a
-    rerun resumes from and exits 130, and the attempt log gets its last lines, instead of dying mid-write. Returns
-    the previous handler (None when not in the main thread, where Python cannot install one)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
-
-    return signal.signal(signal.SIGTERM, interrupt)
+    return run_logged(log_dir, lambda: _run(preset, args, verl_overrides), prog="dapo train",
+                      header=f"dapo train --preset {args.preset} {' '.join(args.overrides)}".rstrip())
 
 
 def list_main(argv: list[str] | None = None) -> int:

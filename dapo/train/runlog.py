@@ -9,8 +9,12 @@ pod; both disappear with the head when KubeRay retries. :class:`AttemptLog` keep
   (stdout to stdout, stderr to stderr) and to the file, so everything is kept -- Python prints, warnings,
   tracebacks, native libraries and child processes that inherit the descriptors, and the lines of Ray workers the
   driver prints -- and the console shows what it showed before;
-- the first line names the file (on the console too), the last one the exit code. Within the file, stdout and
-  stderr are interleaved chunk by chunk as the two threads copy them (like any ``2>&1``, not byte-exact).
+- the first line names the file and when the attempt started, in UTC (on the console too); the last one is the exit
+  code (:func:`exit_code_of` reads it, :func:`started_at` the start). Within the file, stdout and stderr are
+  interleaved chunk by chunk as the two threads copy them (like any ``2>&1``, not byte-exact).
+
+:func:`run_logged` runs a command-line function under an attempt log (``dapo train``, ``dapo eval run``);
+:mod:`dapo.train.follow` prints the logs of every attempt as one stream (the chart's log follower Job).
 
 A process killed with SIGKILL loses at most what was still in the pipe (the threads write each chunk through at
 once). A progress bar is drawn only on an interactive console (:func:`console`), never into the file.
@@ -20,14 +24,47 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 ATTEMPT_RE = re.compile(r"^attempt-(\d+)\.log$")
 _ACTIVE: Optional["AttemptLog"] = None
+
+# The start time on an attempt's first line ("... | started 2025-06-01 12:00:00 UTC"), written by AttemptLog and by
+# dapo.reference.attempt_log; the last line's exit code in either writer's words.
+STARTED_FORMAT = "%Y-%m-%d %H:%M:%S UTC"
+_STARTED_RE = re.compile(rb" \| started (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC\s*$")
+_EXIT_RES = (
+    re.compile(rb"^dapo: exit code (?P<code>-?\d+) \| log .*attempt-(?P<n>\d+)\.log\s*$"),  # AttemptLog.close
+    re.compile(rb"^\[attempt_log\] attempt (?P<n>\d+) exited with status (?P<code>\d+)\s*$"),  # the reference runner
+)
+
+
+def started_stamp(when: Optional[float] = None) -> str:
+    """``started <UTC time>``, the end of an attempt log's first line (parsed back by :func:`started_at`)."""
+    return "started " + time.strftime(STARTED_FORMAT, time.gmtime(when))
+
+
+def started_at(first_line: bytes) -> Optional[datetime]:
+    """The start time (UTC) an attempt log's first line ends with, or None (an older log, another format)."""
+    m = _STARTED_RE.search(first_line.rstrip(b"\r\n"))
+    if not m:
+        return None
+    return datetime.strptime(m.group(1).decode(), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+
+
+def exit_code_of(line: bytes, attempt: int) -> Optional[int]:
+    """The exit code if ``line`` is the last line of attempt ``attempt``'s log (either writer's words), else None."""
+    for rx in _EXIT_RES:
+        m = rx.match(line.rstrip(b"\r\n"))
+        if m and int(m.group("n")) == attempt:
+            return int(m.group("code"))
+    return None
 
 
 def attempt_numbers(log_dir: Path | str) -> list[int]:
@@ -132,7 +169,7 @@ class AttemptLog:
         first = f"dapo: this attempt's log (stdout + stderr): {self.path}"
         if self.header:
             first += f" | {self.header}"
-        self._both(f"{first} | started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n")
+        self._both(f"{first} | {started_stamp()}\n")
         return self
 
     def _both(self, line: str) -> None:
@@ -181,6 +218,44 @@ class AttemptLog:
             return None
         if isinstance(exc, KeyboardInterrupt):
             self.close(130)
+        elif isinstance(exc, SystemExit):  # the status Python exits with: None -> 0, a message -> 1
+            self.close(exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1))
         else:
-            self.close(getattr(exc, "code", None) if isinstance(exc, SystemExit) else None)
+            self.close(None)
         return None
+
+
+def run_logged(log_dir: Path | str, fn: Callable[[], int], *, header: str, prog: str) -> int:
+    """``fn()`` with this process's stdout and stderr teed into the next attempt log of ``log_dir``; its return value
+    is the exit code on the log's last line (a traceback: 1, Ctrl-C or SIGTERM: 130, ``sys.exit(n)``: n). SIGTERM
+    (``ray job stop``, a pod being deleted) interrupts like Ctrl-C, so the last lines reach the file instead of the
+    process dying mid-write. Returns 2 with a message when the log cannot be created."""
+    log = AttemptLog(log_dir, header=header)
+    try:
+        log.__enter__()
+    except OSError as exc:
+        print(f"{prog}: cannot create the attempt log in {log_dir}: {exc} (is the volume writable?)", file=sys.stderr)
+        return 2
+    previous = _sigterm_as_interrupt()
+    try:
+        rc = int(fn() or 0)
+    except BaseException as exc:  # a traceback or Ctrl-C still ends up in the file
+        log.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    log.close(rc)
+    return rc
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt (the loop then says which checkpoint a rerun resumes from and exits 130).
+    Returns the previous handler (None when not in the main thread, where Python cannot install one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+    return signal.signal(signal.SIGTERM, interrupt)

@@ -784,7 +784,11 @@ dapo.k8s.upgrade.upgrade_refusal is the same rule for scripts/render.py --apply.
 {{- $old := index (($live.metadata | default dict).annotations | default dict) "dapo-k8s.github.io/spec-sha256" | default "" -}}
 {{- if ne $old .hash -}}
 {{- $status := (($live.status | default dict).jobDeploymentStatus | default "unknown") -}}
-{{- fail (printf "%s: the RayJob %s already exists in namespace %s (deployment status %s) and this release would change its spec; KubeRay ignores the change now but builds the next retry from it. Delete the RayJob first (kubectl -n %s delete rayjob %s; a new attempt resumes from the latest checkpoint) or install the change as a new release with its own recipe.trainer.experiment_name" .kind .name .root.Release.Namespace $status .root.Release.Namespace .name) -}}
+{{- $delete := printf "kubectl -n %s delete rayjob %s" .root.Release.Namespace .name -}}
+{{- if .root.Values.logs.enabled -}}
+{{- $delete = printf "kubectl -n %s delete rayjob/%s job/%s-logs" .root.Release.Namespace .name .name -}}
+{{- end -}}
+{{- fail (printf "%s: the RayJob %s already exists in namespace %s (deployment status %s) and this release would change its spec; KubeRay ignores the change now but builds the next retry from it. Delete the RayJob first (%s; a new attempt resumes from the latest checkpoint) or install the change as a new release with its own recipe.trainer.experiment_name" .kind .name .root.Release.Namespace $status $delete) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -1,0 +1,213 @@
+{{/*
+The log followers (logs.enabled): one Job per RayJob that prints every attempt's driver log as one stream,
+`python -m dapo.train.follow`. dapo/k8s/followers.py builds the same objects for scripts/render.py.
+*/}}
+
+{{/*
+The directory of the attempt-<N>.log files of the training run: <trainer.default_local_dir>/logs of the preset after
+the overrides, or, with train.runner reference, the --log-dir of the reference entrypoint.
+*/}}
+{{- define "dapo.trainLogDir" -}}
+{{- if eq .Values.train.runner "reference" -}}
+{{- regexReplaceAll "^.* --log-dir ([^ ]+) .*$" (include "dapo.referenceEntrypoint" .) "${1}" -}}
+{{- else -}}
+{{- $p := include "dapo.effectivePreset" . | fromJson -}}
+{{- $trainer := (($p.recipe | default dict).trainer | default dict) -}}
+{{- printf "%s/logs" (trimSuffix "/" (include "dapo.trainerPath" (dict "path" $trainer.default_local_dir "trainer" $trainer))) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The evaluation's checkpoint and output directories (JSON): eval.checkpointDir / eval.outputDir or the preset's.
+*/}}
+{{- define "dapo.evalDirs" -}}
+{{- $p := include "dapo.effectivePreset" . | fromJson -}}
+{{- $recipe := $p.recipe | default dict -}}
+{{- $ckpt := .Values.eval.checkpointDir -}}
+{{- if not $ckpt -}}
+{{- $ckpt = include "dapo.trainerPath" (dict "path" $recipe.trainer.default_local_dir "trainer" $recipe.trainer) -}}
+{{- end -}}
+{{- $out := .Values.eval.outputDir | default (printf "%s/eval" (trimSuffix "/" $ckpt)) -}}
+{{- toJson (dict "checkpointDir" $ckpt "outputDir" $out) -}}
+{{- end -}}
+
+{{/*
+Image of the follower of RayJob kind "train" or "eval": logs.image, else the image of that RayJob.
+Usage: include "dapo.followerImage" (dict "root" $ "kind" "train")
+*/}}
+{{- define "dapo.followerImage" -}}
+{{- $v := .root.Values -}}
+{{- $repo := $v.image.repository -}}
+{{- $tag := $v.image.tag -}}
+{{- if eq .kind "eval" -}}
+{{- $repo = $v.eval.image.repository | default $v.image.repository -}}
+{{- $tag = $v.eval.image.tag | default $v.image.tag -}}
+{{- else if eq $v.train.runner "reference" -}}
+{{- $repo = $v.train.reference.image.repository -}}
+{{- $tag = $v.train.reference.image.tag -}}
+{{- end -}}
+{{- printf "%s:%s" ($v.logs.image.repository | default $repo) ($v.logs.image.tag | default $tag) -}}
+{{- end -}}
+
+{{/*
+A follower Job. Usage: include "dapo.followerJob" (dict "root" $ "kind" "train"|"eval" "hash" $sha256)
+("" leaves the spec-sha256 annotation out). The main container `result` waits for /state/result, which the
+restartable init container `follow` writes at the end, and exits with it: 1 (the run failed) or 2 fail the Job at
+once (podFailurePolicy), evictions do not count.
+*/}}
+{{- define "dapo.followerJob" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- $lg := $v.logs -}}
+{{- $job := index $v .kind -}}
+{{- $rayjob := include "dapo.trainJobName" $root -}}
+{{- $logDir := "" -}}
+{{- if eq .kind "eval" -}}
+{{- $rayjob = include "dapo.evalJobName" $root -}}
+{{- $logDir = printf "%s/logs" (trimSuffix "/" (include "dapo.evalDirs" $root | fromJson).outputDir) -}}
+{{- else -}}
+{{- $logDir = include "dapo.trainLogDir" $root -}}
+{{- end -}}
+{{- $image := include "dapo.followerImage" . -}}
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {{ $rayjob }}-logs
+  namespace: {{ $root.Release.Namespace }}
+  {{- with .hash }}
+  annotations:
+    dapo-k8s.github.io/spec-sha256: {{ . }}
+  {{- end }}
+  labels:
+    {{- include "dapo.labels" (dict "root" $root "component" (printf "%s-logs" .kind)) | nindent 4 }}
+spec:
+  backoffLimit: {{ $lg.backoffLimit | int }}
+  {{- if not (kindIs "invalid" $lg.ttlSecondsAfterFinished) }}
+  ttlSecondsAfterFinished: {{ $lg.ttlSecondsAfterFinished | int }}
+  {{- end }}
+  podFailurePolicy:
+    rules:
+      - action: FailJob
+        onExitCodes:
+          containerName: result
+          operator: In
+          values: [1, 2]
+      - action: Ignore
+        onPodConditions:
+          - type: DisruptionTarget
+            status: "True"
+  template:
+    metadata:
+      labels:
+        {{- include "dapo.selectorLabels" (dict "root" $root "component" (printf "%s-logs" .kind)) | nindent 8 }}
+      annotations:
+        kubectl.kubernetes.io/default-container: follow
+    spec:
+      restartPolicy: Never
+      {{- if $lg.rbac.create }}
+      serviceAccountName: {{ include "dapo.fullname" $root }}-logs
+      {{- else if $lg.serviceAccountName }}
+      serviceAccountName: {{ $lg.serviceAccountName }}
+      {{- end }}
+      {{- with $v.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.podSecurityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.head.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.head.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      initContainers:
+        # restartable (a native sidecar): restarted in place, it keeps /state and prints nothing twice
+        - name: follow
+          image: {{ $image }}
+          imagePullPolicy: {{ $v.image.pullPolicy }}
+          restartPolicy: Always
+          command: ["python", "-m", "dapo.train.follow"]
+          args:
+            {{- toYaml (list "--log-dir" $logDir "--rayjob" $rayjob "--backoff-limit" (toString (int $job.backoffLimit)) "--state-dir" "/state" "--sidecar") | nindent 12 }}
+          env:
+            - name: POD_NAMESPACE
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.namespace
+            - name: PYTHONDONTWRITEBYTECODE
+              value: "1"
+          resources:
+            {{- toYaml $lg.resources | nindent 12 }}
+          {{- with $lg.securityContext }}
+          securityContext:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          volumeMounts:
+            - name: shared
+              mountPath: {{ $v.storage.mountPath }}
+              readOnly: true
+            - name: state
+              mountPath: /state
+      containers:
+        - name: result
+          image: {{ $image }}
+          imagePullPolicy: {{ $v.image.pullPolicy }}
+          command: ["/bin/sh", "-c", {{ `until [ -s /state/result ]; do sleep 2; done; exit "$(cat /state/result)"` | quote }}]
+          resources:
+            {{- toYaml $lg.resources | nindent 12 }}
+          {{- with $lg.securityContext }}
+          securityContext:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          volumeMounts:
+            - name: state
+              mountPath: /state
+              readOnly: true
+      volumes:
+        - name: shared
+          persistentVolumeClaim:
+            claimName: {{ include "dapo.claimName" $root }}
+            readOnly: true
+        - name: state
+          emptyDir:
+            sizeLimit: 1Mi
+{{- end -}}
+
+{{/*
+The follower Job with dapo-k8s.github.io/spec-sha256 (SHA-256 of the JSON of its spec, as dapo.k8s.upgrade.spec_sha256)
+and its upgrade guard. Usage: include "dapo.followerJobWithHash" (dict "root" $ "kind" "train")
+*/}}
+{{- define "dapo.followerJobWithHash" -}}
+{{- $obj := include "dapo.followerJob" (dict "root" .root "kind" .kind "hash" "") | fromYaml -}}
+{{- $hash := toJson (dict "spec" $obj.spec) | sha256sum -}}
+{{- $rayjob := include "dapo.trainJobName" .root -}}
+{{- if eq .kind "eval" }}{{ $rayjob = include "dapo.evalJobName" .root }}{{ end -}}
+{{- include "dapo.followerGuard" (dict "root" .root "name" $obj.metadata.name "rayjob" $rayjob "hash" $hash) -}}
+{{- include "dapo.followerJob" (dict "root" .root "kind" .kind "hash" $hash) -}}
+{{- end -}}
+
+{{/*
+helm upgrade while a follower Job exists: its pod template cannot change, and a RayJob created again (a new run)
+needs a new follower. `lookup` reads both (nothing during `helm template` / install dry runs); the upgrade is refused
+when the Job's spec-sha256 differs or its RayJob is gone. dapo.k8s.upgrade.follower_refusal is the same rule.
+*/}}
+{{- define "dapo.followerGuard" -}}
+{{- $ns := .root.Release.Namespace -}}
+{{- $live := lookup "batch/v1" "Job" $ns .name -}}
+{{- if $live -}}
+{{- $old := index (($live.metadata | default dict).annotations | default dict) "dapo-k8s.github.io/spec-sha256" | default "" -}}
+{{- $rj := lookup "ray.io/v1" "RayJob" $ns .rayjob -}}
+{{- if or (ne $old .hash) (not $rj) -}}
+{{- $why := "would change, and a Job's pod template cannot" -}}
+{{- if not $rj -}}
+{{- $why = printf "follows the RayJob %s, which no longer exists (this upgrade creates it again: a new run)" .rayjob -}}
+{{- end -}}
+{{- fail (printf "logs: the log follower Job %s already exists in namespace %s and %s. Delete it first (kubectl -n %s delete job %s; only the log follower goes, the run is not touched), or with its RayJob (kubectl -n %s delete rayjob/%s job/%s), then upgrade" .name $ns $why $ns .name $ns .rayjob .name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

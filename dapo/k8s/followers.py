@@ -1,0 +1,170 @@
+"""The log followers (``logs.enabled``): one Kubernetes Job per RayJob, ``K-train-logs`` and ``K-eval-logs``, that
+print every attempt's driver log as one stream (``python -m dapo.train.follow``), so that ``kubectl logs -f
+job/K-train-logs`` follows a run from ``helm install`` to its end -- the chart's ``logs-follower.yaml``.
+
+The pod, outside the Ray cluster, mounts the shared claim read-only, in the image of the RayJob it follows (cached
+where that RayJob's head ran; ``logs.image`` overrides it), non-root with a read-only root filesystem:
+
+- ``follow``, a restartable init container (a native sidecar: restarted in place if it dies, keeping the pod's
+  emptyDir ``state`` and so what it printed), prints the stream and at the end writes its exit code to
+  ``/state/result``; the pod's ``kubectl.kubernetes.io/default-container`` annotation makes it what ``kubectl
+  logs`` shows;
+- ``result``, the main container, waits for that file and exits with the code: 0, the run succeeded (the Job is
+  Complete); 1, it failed for good (``podFailurePolicy`` FailJob: the Job is Failed at once and its pod, with the
+  log, is kept). Evictions are ignored (a new pod prints the run from its beginning); other failures of the pod
+  count against ``logs.backoffLimit``.
+
+The run's end is read from the RayJob's status with the least RBAC that allows it (``logs.rbac.create``):
+ServiceAccount ``K-logs``, a Role allowing ``get`` on ``rayjobs`` of exactly the followed names, a RoleBinding. A
+RoleBinding names its ServiceAccount's namespace, so without a namespace (``scripts/render.py`` without
+``--namespace``) the three are left out and the follower judges the end from the attempt logs alone.
+
+A Job's pod template cannot change, so the Job carries ``dapo-k8s.github.io/spec-sha256`` (of its spec) and an
+upgrade is refused while the Job exists and its spec would change or its RayJob is gone
+(:func:`dapo.k8s.upgrade.follower_refusal`, the chart's ``dapo.followerGuard``).
+
+Imports :mod:`dapo.k8s.rayjobs`, :mod:`dapo.k8s.upgrade`; :mod:`dapo.reference.command` lazily (the reference
+runner's log directory).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from dapo.k8s.rayjobs import RayJobs
+from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, spec_sha256
+from dapo.k8s.presets import trainer_path
+
+STATE_DIR = "/state"
+# the main container: waits for the follower's exit code, exits with it
+RESULT_SCRIPT = f'until [ -s {STATE_DIR}/result ]; do sleep 2; done; exit "$(cat {STATE_DIR}/result)"'
+# exit codes of the main container that end the Job at once: the run failed (1), a usage error (2)
+FAIL_JOB_CODES = [1, 2]
+
+
+class LogFollowers(RayJobs):
+    """The follower Jobs and their ServiceAccount, Role and RoleBinding."""
+
+    @property
+    def logs_name(self) -> str:
+        return f"{self.fullname}-logs"
+
+    def followed(self) -> list[str]:
+        """Kinds of the RayJobs that get a follower, in the chart's order (train, eval)."""
+        v = self.v
+        if not v["logs"]["enabled"]:
+            return []
+        return [k for k in ("train", "eval") if v[k]["enabled"]]
+
+    def follower_name(self, kind: str) -> str:
+        return f"{self.fullname}-{kind}-logs"
+
+    def log_dir(self, kind: str) -> str:
+        """Where the driver of each attempt of the ``kind`` RayJob writes ``attempt-<N>.log``."""
+        if kind == "eval":
+            out = self.eval_paths()["outputDir"]
+        elif self.v["train"]["runner"] == "reference":
+            from dapo.reference.command import log_dir
+
+            return log_dir(self.reference_args())
+        else:
+            trainer = (self.effective.get("recipe") or {}).get("trainer") or {}
+            out = trainer_path(trainer["default_local_dir"], trainer)
+        return (out[:-1] if out.endswith("/") else out) + "/logs"
+
+    def follower_image(self, kind: str) -> str:
+        v, img = self.v, self.v["logs"]["image"]
+        if kind == "eval":
+            repo, tag = v["eval"]["image"].get("repository") or v["image"]["repository"], \
+                v["eval"]["image"].get("tag") or v["image"]["tag"]
+        elif v["train"]["runner"] == "reference":
+            repo, tag = v["train"]["reference"]["image"]["repository"], v["train"]["reference"]["image"]["tag"]
+        else:
+            repo, tag = v["image"]["repository"], v["image"]["tag"]
+        return f"{img.get('repository') or repo}:{img.get('tag') or tag}"
+
+    @property
+    def follower_rbac_created(self) -> bool:
+        return bool(self.v["logs"]["rbac"]["create"]) and self.namespace is not None
+
+    def follower_objects(self) -> list[dict[str, Any]]:
+        kinds = self.followed()
+        if not kinds:
+            return []
+        out = self.follower_rbac(kinds) if self.follower_rbac_created else []
+        return out + [self.follower_job(k) for k in kinds]
+
+    def follower_rbac(self, kinds: list[str]) -> list[dict[str, Any]]:
+        names = [self.train_job_name if k == "train" else self.eval_job_name for k in kinds]
+        meta = lambda: self.metadata(self.logs_name, "logs")  # noqa: E731
+        return [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(),
+             "rules": [{"apiGroups": ["ray.io"], "resources": ["rayjobs"], "resourceNames": names, "verbs": ["get"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": self.logs_name},
+             "subjects": [{"kind": "ServiceAccount", "name": self.logs_name, "namespace": self.namespace}]},
+        ]
+
+    def follower_args(self, kind: str) -> list[str]:
+        job = self.v[kind]
+        return ["--log-dir", self.log_dir(kind), "--rayjob", self.train_job_name if kind == "train" else
+                self.eval_job_name, "--backoff-limit", str(int(job["backoffLimit"])), "--state-dir", STATE_DIR,
+                "--sidecar"]
+
+    def follower_job(self, kind: str) -> dict[str, Any]:
+        v, lg = self.v, self.v["logs"]
+        image, pull = self.follower_image(kind), v["image"]["pullPolicy"]
+        mount = v["storage"]["mountPath"]
+        common = {"resources": copy.deepcopy(lg["resources"])}
+        if lg.get("securityContext"):
+            common["securityContext"] = copy.deepcopy(lg["securityContext"])
+        follow = {
+            "name": "follow", "image": image, "imagePullPolicy": pull, "restartPolicy": "Always",
+            "command": ["python", "-m", "dapo.train.follow"], "args": self.follower_args(kind),
+            "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+            **copy.deepcopy(common),
+            "volumeMounts": [{"name": "shared", "mountPath": mount, "readOnly": True},
+                             {"name": "state", "mountPath": STATE_DIR}],
+        }
+        result = {
+            "name": "result", "image": image, "imagePullPolicy": pull,
+            "command": ["/bin/sh", "-c", RESULT_SCRIPT], **copy.deepcopy(common),
+            "volumeMounts": [{"name": "state", "mountPath": STATE_DIR, "readOnly": True}],
+        }
+        pod: dict[str, Any] = {"restartPolicy": "Never"}
+        account = self.logs_name if self.follower_rbac_created else \
+            (None if lg["rbac"]["create"] else lg.get("serviceAccountName"))
+        if account:
+            pod["serviceAccountName"] = account
+        if v.get("imagePullSecrets"):
+            pod["imagePullSecrets"] = copy.deepcopy(v["imagePullSecrets"])
+        if v.get("podSecurityContext"):
+            pod["securityContext"] = copy.deepcopy(v["podSecurityContext"])
+        for key in ("nodeSelector", "tolerations"):
+            if v["head"].get(key):
+                pod[key] = copy.deepcopy(v["head"][key])
+        pod["initContainers"] = [follow]
+        pod["containers"] = [result]
+        pod["volumes"] = [
+            {"name": "shared", "persistentVolumeClaim": {"claimName": self.claim_name, "readOnly": True}},
+            {"name": "state", "emptyDir": {"sizeLimit": "1Mi"}},
+        ]
+        spec: dict[str, Any] = {"backoffLimit": int(lg["backoffLimit"])}
+        if lg.get("ttlSecondsAfterFinished") is not None:
+            spec["ttlSecondsAfterFinished"] = int(lg["ttlSecondsAfterFinished"])
+        spec["podFailurePolicy"] = {"rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "result", "operator": "In",
+                                                  "values": list(FAIL_JOB_CODES)}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]}
+        spec["template"] = {
+            "metadata": {"labels": self.selector_labels(f"{kind}-logs"),
+                         "annotations": {"kubectl.kubernetes.io/default-container": "follow"}},
+            "spec": pod,
+        }
+        meta = self.metadata(self.follower_name(kind), f"{kind}-logs")
+        meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_sha256(spec)}
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}

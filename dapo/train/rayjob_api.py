@@ -1,0 +1,130 @@
+"""A RayJob's status read from the Kubernetes API, for the log follower (:mod:`dapo.train.follow`).
+
+One request, ``GET /apis/ray.io/v1/namespaces/<ns>/rayjobs/<name>``, with the pod's service-account token: all the
+RBAC it needs is ``get`` on ``rayjobs`` of that name (the chart's Role). Standard library only (``urllib``, ``ssl``):
+the follower runs in whichever image its RayJob runs -- the training image, the evaluation image, or the
+reproduction image (Python 3.10, our package without extras) -- and none of them carries the ``kubernetes`` client.
+The token file is read again for every request: Kubernetes rotates projected service-account tokens (hourly),
+and a run lasts weeks.
+
+In a pod (:meth:`RayJobApi.in_cluster`): ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``, the token
+and CA under ``/var/run/secrets/kubernetes.io/serviceaccount``. Outside (tests, or ``kubectl proxy`` on a laptop):
+``--api-server http://127.0.0.1:8001``, no token.
+
+What the follower needs of KubeRay v1.7's status (``ray-operator/controllers/ray/rayjob_controller.go``): a failed
+attempt with retries left goes from Running straight to ``Retrying`` (``checkBackoffLimitAndUpdateStatusIfNeeded``
+runs before the status is written), then ``New``; ``Failed`` and ``Complete`` are final (``Complete`` also for a
+STOPPED job); ``status.failed`` counts the failed attempts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TERMINAL = ("Complete", "Failed")
+
+
+class ApiUnavailable(Exception):
+    """The status cannot be read with this identity (no token, 401, 403): the follower goes on with the logs alone."""
+
+
+@dataclass(frozen=True)
+class RayJobStatus:
+    """What the follower reads of a RayJob; ``exists`` False when the API answered 404."""
+
+    exists: bool
+    uid: str = ""
+    created: Optional[datetime] = None
+    deployment: str = ""  # status.jobDeploymentStatus
+    job_status: str = ""  # status.jobStatus (the Ray job of the current attempt)
+    failed: int = 0  # status.failed: failed attempts so far
+    backoff_limit: Optional[int] = None  # spec.backoffLimit
+    reason: str = ""
+    message: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.deployment in TERMINAL
+
+    @property
+    def succeeded(self) -> bool:
+        return self.deployment == "Complete" and self.job_status == "SUCCEEDED"
+
+    def describe(self) -> str:
+        why = f" ({self.reason}: {self.message})" if self.reason or self.message else ""
+        return f"{self.deployment or 'New'}, job {self.job_status or '-'}, {self.failed} failed attempt(s){why}"
+
+    @classmethod
+    def from_object(cls, obj: dict) -> "RayJobStatus":
+        meta, spec, st = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+        created = meta.get("creationTimestamp")
+        return cls(
+            exists=True,
+            uid=str(meta.get("uid") or ""),
+            created=parse_time(created) if created else None,
+            deployment=str(st.get("jobDeploymentStatus") or ""),
+            job_status=str(st.get("jobStatus") or ""),
+            failed=int(st.get("failed") or 0),
+            backoff_limit=int(spec["backoffLimit"]) if spec.get("backoffLimit") is not None else None,
+            reason=str(st.get("reason") or ""),
+            message=str(st.get("message") or "")[:300],
+        )
+
+
+def parse_time(text: str) -> datetime:
+    """A Kubernetes timestamp (RFC 3339, ``2025-06-01T12:00:00Z``) as an aware datetime."""
+    return datetime.strptime(text.replace("Z", "+0000").replace("+00:00", "+0000"),
+                             "%Y-%m-%dT%H:%M:%S%z").astimezone(timezone.utc)
+
+
+class RayJobApi:
+    """``get()`` the status of one RayJob."""
+
+    def __init__(self, server: str, namespace: str, name: str, *, token_file: Optional[Path] = None,
+                 ca_file: Optional[Path] = None, timeout: float = 10.0):
+        self.url = f"{server.rstrip('/')}/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}"
+        self.token_file = token_file
+        self.timeout = timeout
+        self.context = None
+        if server.startswith("https://"):
+            self.context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+
+    @classmethod
+    def in_cluster(cls, name: str, namespace: Optional[str] = None) -> "RayJobApi":
+        """From the pod's environment; raises :class:`ApiUnavailable` when it has no service-account token."""
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        token = SA_DIR / "token"
+        if not host or not token.is_file():
+            raise ApiUnavailable(f"no service-account token ({token}) or KUBERNETES_SERVICE_HOST in this pod")
+        if not namespace:
+            namespace = (SA_DIR / "namespace").read_text().strip()
+        host = f"[{host}]" if ":" in host else host  # an IPv6 service address
+        return cls(f"https://{host}:{port}", namespace, name, token_file=token, ca_file=SA_DIR / "ca.crt")
+
+    def get(self) -> RayJobStatus:
+        """The status; ``exists=False`` on 404. Raises :class:`ApiUnavailable` on 401/403 and ``OSError`` (retry
+        later) on anything else: a network error, a timeout, a 5xx."""
+        req = urllib.request.Request(self.url, headers={"Accept": "application/json"})
+        if self.token_file is not None:
+            req.add_header("Authorization", f"Bearer {self.token_file.read_text().strip()}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as resp:
+                return RayJobStatus.from_object(json.loads(resp.read()))
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return RayJobStatus(exists=False)
+            if exc.code in (401, 403):
+                raise ApiUnavailable(f"HTTP {exc.code} for GET {self.url}: the service account may not get this "
+                                     "RayJob (logs.rbac.create, docs/deploy.md)") from None
+            raise OSError(f"HTTP {exc.code} for GET {self.url}") from None
+        except (ValueError, KeyError, TypeError) as exc:  # not a RayJob object
+            raise OSError(f"GET {self.url}: unreadable answer ({exc})") from None
