@@ -130,8 +130,24 @@ def placement(values: dict[str, Any], preset: dict[str, Any]) -> dict[str, Any]:
 
 
 def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) -> None:
-    """Raise :class:`ValuesError` for the first impossible combination, with the chart's message."""
-    v = values
+    """Raise :class:`ValuesError` for the first impossible combination, with the chart's message.
+
+    By concern, in the chart's order: the job names, the placement, the jobs' lifecycle and queue, the Ray pods'
+    resources, environment and labels, the head's QoS class, host network and storage, evaluation, the storage
+    class."""
+    _check_job_names(values, train_job_name, eval_job_name)
+    preset, pl = _check_placement(values)
+    _check_jobs(values)
+    _check_ray_resources(values)
+    _check_env_and_labels(values, preset)
+    _check_guaranteed_head(values)
+    _check_host_and_storage(values)
+    _check_eval(values, preset, pl)
+    _check_storage_class(values, pl)
+
+
+def _check_job_names(v: dict[str, Any], train_job_name: str, eval_job_name: str) -> None:
+    """Something to deploy, and RayJob names KubeRay accepts."""
     if not v["train"]["enabled"] and not v["eval"]["enabled"]:
         raise ValuesError("train.enabled: train.enabled and eval.enabled are both false; nothing to deploy")
     for kind, name in (("train", train_job_name), ("eval", eval_job_name)):
@@ -148,6 +164,10 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                 "'-', starting with a letter)"
             )
 
+
+def _check_placement(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The preset resolves, nodes and GPUs are possible, overrides leave the placement alone; returns the merged
+    preset and the placement."""
     preset_chain(v["preset"])  # the preset exists and its chain resolves
     preset = merged_preset(v["preset"])
     pl = placement(v, preset)
@@ -172,7 +192,11 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                 f"overrides: {q(o)} changes the placement; set the values nodes / gpusPerNode instead (the worker "
                 "group is sized from them)"
             )
+    return preset, pl
 
+
+def _check_jobs(v: dict[str, Any]) -> None:
+    """Each enabled job's lifecycle (shutdown, TTL, deletion rules) against KubeRay's rules and the queue."""
     for kind in ("train", "eval"):
         job = v[kind]
         if not job["enabled"]:
@@ -208,6 +232,9 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     if v["queue"]["scheduler"] and not v["queue"]["name"]:
         raise ValuesError(f"queue.name: required when queue.scheduler is {q(v['queue']['scheduler'])}")
 
+
+def _check_ray_resources(v: dict[str, Any]) -> None:
+    """GPUs only on the workers, from gpusPerNode; nothing schedulable on the head; extraResources for devices."""
     for section in ("requests", "limits"):
         if "nvidia.com/gpu" in (v["head"]["resources"].get(section) or {}):
             raise ValuesError(
@@ -235,6 +262,9 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                 "worker.resources, GPUs come from gpusPerNode"
             )
 
+
+def _check_env_and_labels(v: dict[str, Any], preset: dict[str, Any]) -> None:
+    """Tokens only from the Secret; variables and selector labels the chart sets are not set twice."""
     for where, mapping in (("env", v["env"]), ("nccl", v["nccl"]), ("train.runtimeEnv", v["train"]["runtimeEnv"]),
                            ("eval.runtimeEnv", v["eval"]["runtimeEnv"])):
         for key in sorted(mapping):
@@ -255,6 +285,9 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     if hub_offline(v, preset) and "HF_HUB_OFFLINE" in v["env"]:
         raise ValuesError("env.HF_HUB_OFFLINE: set by the chart when dataPrep.fetchModel downloads the model; remove it here")
 
+
+def _check_guaranteed_head(v: dict[str, Any]) -> None:
+    """Every container of the Ray head with equal requests and limits (the Guaranteed QoS class)."""
     guaranteed = [("head.resources", v["head"]["resources"])]
     if v["dataPrep"]["enabled"]:
         guaranteed.append(("dataPrep.resources", v["dataPrep"]["resources"]))
@@ -271,6 +304,10 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                     "evicted"
                 )
 
+
+def _check_host_and_storage(v: dict[str, Any]) -> None:
+    """One worker per host with hostNetwork; data and HF cache under the mount; the volume as large as the run
+    needs (unless an existing claim is used)."""
     if v["hostNetwork"] and not v["worker"]["onePerHost"]:
         raise ValuesError(
             "worker.onePerHost: must be true with hostNetwork (two Ray workers on one host would collide on ports)"
@@ -289,6 +326,9 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
         if need["bytes"] is not None and sizing.parse_quantity(v["storage"]["size"]) < need["bytes"]:
             raise ValuesError(sizing.storage_message(v["preset"], v["storage"]["size"], need["summary"]))
 
+
+def _check_eval(v: dict[str, Any], preset: dict[str, Any], pl: dict[str, Any]) -> None:
+    """An evaluation has GPUs, a test file and a checkpoint directory."""
     if v["eval"]["enabled"]:
         if pl["evalGpus"] < 1:
             raise ValuesError(
@@ -303,6 +343,9 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                 "eval.checkpointDir"
             )
 
+
+def _check_storage_class(v: dict[str, Any], pl: dict[str, Any]) -> None:
+    """A GPU run names a ReadWriteMany StorageClass (or an existing claim)."""
     gpu_run = (v["train"]["enabled"] and pl["backend"] != "local") or v["eval"]["enabled"]
     if not v["storage"]["existingClaim"] and not v["storage"].get("storageClassName") and gpu_run:
         raise ValuesError(
