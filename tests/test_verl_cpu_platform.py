@@ -106,7 +106,7 @@ def test_patches_refuse_another_verl_version():
 
 
 def test_device_module_answers_every_call_verl_makes_on_the_device():
-    """Every ``get_torch_device().<name>`` verl 0.9.1 calls exists on the CPU device module (read from verl's source)."""
+    """Every ``get_torch_device().<name>`` verl 0.9.1 calls exists on the CPU device module (from verl's source)."""
     import re
     from pathlib import Path
 
@@ -160,7 +160,8 @@ def test_the_run_dir_is_absolute_and_builtin_tiny_points_at_the_built_assets(tmp
     assert out.recipe.data.train_files == [str(where.train_file)]
     assert preset.recipe.model.path == "builtin:tiny"  # the caller's preset is left alone
     interp = load_preset("smoke", ["recipe.trainer.default_local_dir=ckpts/${trainer.project_name}"])
-    assert on_this_machine(interp, build=False).recipe.trainer.default_local_dir == str(tmp_path / "ckpts" / "DAPO-smoke")
+    resolved = on_this_machine(interp, build=False).recipe.trainer.default_local_dir
+    assert resolved == str(tmp_path / "ckpts" / "DAPO-smoke")
 
 
 def test_ray_init_takes_logical_gpus_only_when_it_starts_ray_itself():
