@@ -659,3 +659,39 @@ def test_gpu_check_with_torch_reports_a_cuda_runtime_that_cannot_use_the_gpus(tm
         return
     with pytest.raises(gpu_check.GpuCheckError, match=r"torch\.cuda\.is_available\(\) is False"):
         gpu_check.check(580, 1, torch_check=True, nvidia_smi=smi)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# verl on CPU (placement.accelerator: cpu): logical GPUs, no devices, an image with vLLM's CPU build
+
+CPU_IMAGE = {"image": {"repository": "registry.local/dapo-vllm-cpu", "tag": "dev"}}
+
+
+def test_verl_on_cpu_workers_declare_logical_gpus_and_request_no_device_in_helm_and_render_py():
+    from dapo.backends.verl.settings import CPU_RAY_CPUS_PER_GPU
+
+    h, p = both({"preset": "verl-tiny", **CPU_IMAGE})
+    assert h == p
+    spec = p[("RayJob", "dapo-train")]["spec"]
+    (group,) = spec["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["replicas"] == 1
+    # KubeRay passes rayStartParams to `ray start`: verl places an FSDP rank and a vLLM replica per logical GPU
+    assert group["rayStartParams"] == {"num-gpus": "2", "num-cpus": str(2 * CPU_RAY_CPUS_PER_GPU)}
+    container = group["template"]["spec"]["containers"][0]
+    assert not any("nvidia.com/gpu" in (container["resources"].get(s) or {}) for s in ("requests", "limits"))
+    assert "postStart" not in container.get("lifecycle", {})  # no GPU driver check
+    assert "placement.gpus_per_node=2" in spec["entrypoint"] and spec["entrypointNumCpus"] == 1
+    assert spec["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"  # the driver on the worker
+
+
+def test_verl_on_cpu_refuses_the_cuda_image_and_hand_set_logical_resources_in_helm_and_render_py():
+    refused({"preset": "verl-tiny"}, 'image.repository: preset "verl-tiny" runs verl on CPU')
+    refused({"preset": "verl-tiny", **CPU_IMAGE, "worker": {"rayStartParams": {"num-gpus": "4"}}},
+            'worker.rayStartParams.num-gpus: preset "verl-tiny" runs verl on CPU')
+
+
+def test_the_chart_refuses_the_image_the_python_twin_names():
+    from dapo.k8s import versions
+
+    tpl = (CHART_DIR / "templates" / "_validate.tpl").read_text()
+    assert f'eq $v.image.repository "{versions.IMAGE_REPOSITORY}"' in tpl

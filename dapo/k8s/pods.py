@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from dapo.backends.verl.settings import CPU_RAY_CPUS_PER_GPU
 from dapo.k8s.context import ChartContext
 from dapo.k8s.presets import model_repo
 from dapo.k8s.values import hub_offline
@@ -205,7 +206,11 @@ class PodTemplates(ChartContext):
         spec["volumes"] = self.volumes(shm=h["shmSize"], presets=presets, extra=h.get("extraVolumes"))
         return {"rayStartParams": dict(h["rayStartParams"]), "template": {"metadata": meta, "spec": spec}}
 
-    def worker_group(self, *, kind: str, image: str, nodes: int, gpus: int, presets: bool) -> dict[str, Any]:
+    def worker_group(self, *, kind: str, image: str, nodes: int, gpus: int, presets: bool,
+                     logical_gpus: int = 0) -> dict[str, Any]:
+        """One worker group of ``nodes`` pods: ``gpus`` devices each (``nvidia.com/gpu``; 0: a CPU pod), or, for
+        verl on CPU, ``logical_gpus`` logical Ray GPUs and ``CPU_RAY_CPUS_PER_GPU`` logical CPUs per logical GPU
+        declared in ``rayStartParams`` (KubeRay passes them to ``ray start``; no device is requested)."""
         v = self.v
         w = v["worker"]
         meta: dict[str, Any] = {"labels": {**self.selector_labels(f"{kind}-worker"), **(w.get("labels") or {})}}
@@ -244,11 +249,15 @@ class PodTemplates(ChartContext):
         }
         spec["containers"] = [container] + copy.deepcopy(w.get("sidecarContainers") or [])
         spec["volumes"] = self.volumes(shm=w["shmSize"], presets=presets, extra=w.get("extraVolumes"))
+        params = dict(w.get("rayStartParams") or {})
+        if logical_gpus > 0:
+            params["num-gpus"] = str(logical_gpus)
+            params["num-cpus"] = str(CPU_RAY_CPUS_PER_GPU * logical_gpus)
         return {
             "groupName": w["groupName"],
             "replicas": nodes,
             "minReplicas": nodes,
             "maxReplicas": nodes,
-            "rayStartParams": dict(w.get("rayStartParams") or {}),
+            "rayStartParams": params,
             "template": {"metadata": meta, "spec": spec},
         }

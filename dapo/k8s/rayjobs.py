@@ -97,10 +97,11 @@ class RayJobs(PodTemplates):
             runtime_env=self.train_runtime_env(),
             image=image,
             nodes=pl["nodes"],
-            gpus=0 if pl["backend"] == "local" else pl["gpus"],
+            gpus=0 if pl["backend"] == "local" or pl["cpu"] else pl["gpus"],
             presets=True,
             ray_version=ray_version,
             entrypoint_num_cpus=TRAIN_ENTRYPOINT_NUM_CPUS,
+            logical_gpus=pl["gpus"] if pl["cpu"] else 0,
         )
 
     def eval_paths(self) -> dict[str, str]:
@@ -141,7 +142,7 @@ class RayJobs(PodTemplates):
 
     def rayjob(self, *, kind: str, name: str, job: dict[str, Any], entrypoint: str, runtime_env: dict[str, str],
                image: str, nodes: int, gpus: int, presets: bool, ray_version: str | None = None,
-               entrypoint_num_cpus: int | None = None) -> dict[str, Any]:
+               entrypoint_num_cpus: int | None = None, logical_gpus: int = 0) -> dict[str, Any]:
         v = self.v
         meta = self.metadata(name, kind)
         queue_label = {"kueue": "kueue.x-k8s.io/queue-name", "volcano": "volcano.sh/queue-name",
@@ -193,7 +194,8 @@ class RayJobs(PodTemplates):
         }
         if nodes > 0:
             cluster["workerGroupSpecs"] = [
-                self.worker_group(kind=kind, image=image, nodes=nodes, gpus=gpus, presets=presets)
+                self.worker_group(kind=kind, image=image, nodes=nodes, gpus=gpus, presets=presets,
+                                  logical_gpus=logical_gpus)
             ]
         spec["rayClusterSpec"] = cluster
         files = preset_files(v["preset"]) if presets else None

@@ -16,7 +16,7 @@ import yaml
 
 from dapo.k8s.presets import ValuesError, effective_preset, merged_preset, model_repo, preset_chain
 from dapo.util.gofmt import go_string, q
-from dapo.k8s.versions import MAX_RAYJOB_NAME
+from dapo.k8s.versions import IMAGE_REPOSITORY, MAX_RAYJOB_NAME
 
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 PLACEMENT_KEYS = ("placement.nodes", "placement.gpus_per_node", "placement.backend", "trainer.nnodes",
@@ -111,7 +111,7 @@ def fullname(values: dict[str, Any], release: str, chart_name: str) -> str:
 
 
 def placement(values: dict[str, Any], preset: dict[str, Any]) -> dict[str, Any]:
-    """The chart's ``dapo.placement``: backend, nodes, gpus (training) and evalGpus."""
+    """The chart's ``dapo.placement``: backend, nodes, gpus (training), evalGpus, cpu (verl on CPU)."""
     pl = preset.get("placement") or {}
     for key in ("backend", "nodes", "gpus_per_node"):
         if key not in pl:
@@ -121,12 +121,32 @@ def placement(values: dict[str, Any], preset: dict[str, Any]) -> dict[str, Any]:
     nodes = int(values["nodes"]) if values.get("nodes") is not None else int(pl["nodes"])
     gpus = int(values["gpusPerNode"]) if values.get("gpusPerNode") is not None else int(pl["gpus_per_node"])
     ev = values["eval"].get("gpusPerNode")
-    return {"backend": pl["backend"], "nodes": nodes, "gpus": gpus, "evalGpus": int(ev) if ev is not None else gpus}
+    # verl's own workers on CPU (placement.accelerator: cpu): the GPUs are logical Ray slots
+    cpu = pl["backend"] != "local" and str(pl.get("accelerator") or "h100") == "cpu"
+    return {"backend": pl["backend"], "nodes": nodes, "gpus": gpus, "evalGpus": int(ev) if ev is not None else gpus,
+            "cpu": cpu}
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Cross-field rules (charts/dapo/templates/_validate.tpl)
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def check_verl_on_cpu(v: dict[str, Any]) -> None:
+    """A verl preset on CPU (placement.accelerator: cpu): its worker pods declare logical GPUs, and its image must
+    carry vLLM's CPU build (the training image's vLLM is the CUDA one)."""
+    for key in ("num-gpus", "num-cpus"):
+        if key in (v["worker"].get("rayStartParams") or {}):
+            raise ValuesError(
+                f"worker.rayStartParams.{key}: preset {q(v['preset'])} runs verl on CPU; the chart declares the "
+                "worker's logical GPUs (gpusPerNode) and CPUs (8 per GPU) itself"
+            )
+    if v["image"]["repository"] == IMAGE_REPOSITORY:
+        raise ValuesError(
+            f"image.repository: preset {q(v['preset'])} runs verl on CPU (placement.accelerator: cpu), which needs "
+            f"vLLM's CPU build; {IMAGE_REPOSITORY} carries the CUDA one. Set image.repository/tag to an image "
+            "with the vLLM-on-CPU stack (docs/verl.md, 'verl on CPU')"
+        )
 
 
 def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) -> None:
@@ -185,6 +205,8 @@ def _check_placement(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
                 f"gpusPerNode: must be >= 1 for the verl backend, got {pl['gpus']} (values gpusPerNode or the "
                 "preset's placement.gpus_per_node)"
             )
+        if pl["cpu"]:
+            check_verl_on_cpu(v)
     for o in v["overrides"]:
         key = o.split("=", 1)[0].lstrip("+")
         if key in PLACEMENT_KEYS:
@@ -346,7 +368,7 @@ def _check_eval(v: dict[str, Any], preset: dict[str, Any], pl: dict[str, Any]) -
 
 def _check_storage_class(v: dict[str, Any], pl: dict[str, Any]) -> None:
     """A GPU run names a ReadWriteMany StorageClass (or an existing claim)."""
-    gpu_run = (v["train"]["enabled"] and pl["backend"] != "local") or v["eval"]["enabled"]
+    gpu_run = (v["train"]["enabled"] and pl["backend"] != "local" and not pl["cpu"]) or v["eval"]["enabled"]
     if not v["storage"]["existingClaim"] and not v["storage"].get("storageClassName") and gpu_run:
         raise ValuesError(
             f"storage.storageClassName: preset {q(v['preset'])} runs on GPU nodes and needs a ReadWriteMany "

