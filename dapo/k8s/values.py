@@ -15,13 +15,13 @@ from typing import Any
 import yaml
 
 from dapo.k8s.presets import ValuesError, effective_preset, merged_preset, model_repo, preset_chain
+from dapo.k8s.rules import check_deletion_rules
 from dapo.util.gofmt import go_string, q
 from dapo.k8s.versions import IMAGE_REPOSITORY, MAX_RAYJOB_NAME
 
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 PLACEMENT_KEYS = ("placement.nodes", "placement.gpus_per_node", "placement.backend", "trainer.nnodes",
                   "trainer.n_gpus_per_node")
-DELETION_ORDER = ("DeleteWorkers", "DeleteCluster", "DeleteSelf")
 TOKEN_ENV = ("HF_TOKEN", "WANDB_API_KEY")
 MANAGED_ENV = ("HF_HOME", "WANDB_ENTITY", "RAY_memory_monitor_refresh_ms", "NVIDIA_VISIBLE_DEVICES")
 SELECTOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component")
@@ -235,7 +235,7 @@ def _check_jobs(v: dict[str, Any]) -> None:
                     f"{kind}.deletionRules: mutually exclusive with {kind}.shutdownAfterJobFinishes: true (KubeRay "
                     "v1.7); set shutdownAfterJobFinishes: false and ttlSecondsAfterFinished: 0"
                 )
-            _check_deletion_rules(kind, rules)
+            check_deletion_rules(kind, rules)
         if v["queue"]["scheduler"] == "kueue" and not job["shutdownAfterJobFinishes"]:
             raise ValuesError(
                 f"queue.scheduler: kueue suspends RayJobs, which KubeRay allows only with "
@@ -381,32 +381,3 @@ def hub_offline(values: dict[str, Any], preset: dict[str, Any]) -> bool:
     """The chart's ``dapo.hubOffline``: the data preparation downloads the model, Ray pods run HF_HUB_OFFLINE=1."""
     d = values["dataPrep"]
     return bool(d["enabled"] and d.get("fetchModel") and model_repo(effective_preset(preset, values["overrides"])))
-
-
-def _check_deletion_rules(kind: str, rules: list[dict[str, Any]]) -> None:
-    seen: dict[str, int] = {}
-    conds: list[str] = []
-    for i, rule in enumerate(rules):
-        c = rule.get("condition") or {}
-        if ("jobStatus" in c) == ("jobDeploymentStatus" in c):
-            raise ValuesError(
-                f"{kind}.deletionRules[{i}].condition: set exactly one of jobStatus and jobDeploymentStatus"
-            )
-        cond = f"JobStatus {c['jobStatus']}" if "jobStatus" in c else f"JobDeploymentStatus {c['jobDeploymentStatus']}"
-        key = f"{cond}/{rule['policy']}"
-        if key in seen:
-            raise ValuesError(f"{kind}.deletionRules[{i}]: duplicate rule for policy {rule['policy']} and {cond}")
-        seen[key] = int(c.get("ttlSeconds") or 0)
-        conds.append(cond)
-    for i, rule in enumerate(rules):
-        policy = rule["policy"]
-        if policy not in DELETION_ORDER:
-            continue
-        ttl = int(rule["condition"].get("ttlSeconds") or 0)
-        for earlier in DELETION_ORDER[: DELETION_ORDER.index(policy)]:
-            k = f"{conds[i]}/{earlier}"
-            if k in seen and ttl < seen[k]:
-                raise ValuesError(
-                    f"{kind}.deletionRules[{i}]: for {conds[i]} the {policy} TTL ({ttl}) must be >= the {earlier} "
-                    f"TTL ({seen[k]})"
-                )
