@@ -143,6 +143,30 @@ def agg_loss(
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {list(LOSS_AGG_MODES)}")
 
 
+def _checked_advantages(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+                        response_mask: torch.Tensor, clip_ratio_low: float, clip_ratio_high: float,
+                        clip_ratio_c: float) -> torch.Tensor:
+    """:func:`policy_loss`'s argument checks; the advantages as ``[B, T]`` in ``log_prob``'s dtype."""
+    if not 0.0 <= clip_ratio_low < 1.0:
+        raise ValueError(f"clip_ratio_low must be in [0, 1), got {clip_ratio_low}")
+    if not clip_ratio_high >= 0.0:
+        raise ValueError(f"clip_ratio_high must be >= 0, got {clip_ratio_high}")
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c (dual-clip bound) must be > 1, got {clip_ratio_c}")
+    if log_prob.shape != old_log_prob.shape or log_prob.shape != response_mask.shape:
+        raise ValueError(
+            f"log_prob {tuple(log_prob.shape)}, old_log_prob {tuple(old_log_prob.shape)} and response_mask "
+            f"{tuple(response_mask.shape)} must have the same [B, T] shape"
+        )
+    if advantages.dim() == 1 and log_prob.dim() == 2:
+        if advantages.shape[0] != log_prob.shape[0]:
+            raise ValueError(f"advantages [B]={advantages.shape[0]} does not match log_prob batch {log_prob.shape[0]}")
+        advantages = advantages[:, None].expand_as(log_prob)
+    elif advantages.shape != log_prob.shape:
+        raise ValueError(f"advantages {tuple(advantages.shape)} must be [B] or [B, T] = {tuple(log_prob.shape)}")
+    return advantages.to(log_prob.dtype)
+
+
 def policy_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -188,25 +212,8 @@ def policy_loss(
         - ``pg_clipfrac_lower``: masked mean of ``[L_clip > -A * c and A < 0]`` (tokens hit by the dual clip),
         - ``ppo_kl``: masked mean of ``old_log_prob - log_prob`` (the clamped log-ratio, negated).
     """
-    if not 0.0 <= clip_ratio_low < 1.0:
-        raise ValueError(f"clip_ratio_low must be in [0, 1), got {clip_ratio_low}")
-    if not clip_ratio_high >= 0.0:
-        raise ValueError(f"clip_ratio_high must be >= 0, got {clip_ratio_high}")
-    if not clip_ratio_c > 1.0:
-        raise ValueError(f"clip_ratio_c (dual-clip bound) must be > 1, got {clip_ratio_c}")
-    if log_prob.shape != old_log_prob.shape or log_prob.shape != response_mask.shape:
-        raise ValueError(
-            f"log_prob {tuple(log_prob.shape)}, old_log_prob {tuple(old_log_prob.shape)} and response_mask "
-            f"{tuple(response_mask.shape)} must have the same [B, T] shape"
-        )
-    if advantages.dim() == 1 and log_prob.dim() == 2:
-        if advantages.shape[0] != log_prob.shape[0]:
-            raise ValueError(f"advantages [B]={advantages.shape[0]} does not match log_prob batch {log_prob.shape[0]}")
-        advantages = advantages[:, None].expand_as(log_prob)
-    elif advantages.shape != log_prob.shape:
-        raise ValueError(f"advantages {tuple(advantages.shape)} must be [B] or [B, T] = {tuple(log_prob.shape)}")
-    advantages = advantages.to(log_prob.dtype)
-
+    advantages = _checked_advantages(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high,
+                                     clip_ratio_c)
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     loss_unclipped = -advantages * ratio
@@ -216,15 +223,8 @@ def policy_loss(
     negative = advantages < 0
     loss_tok = torch.where(negative, torch.minimum(loss_clip, loss_dual_bound), loss_clip)
 
-    loss = agg_loss(
-        loss_tok,
-        response_mask,
-        loss_agg_mode,
-        global_tokens=global_tokens,
-        global_seqs=global_seqs,
-        dp_size=dp_size,
-        loss_scale_factor=loss_scale_factor,
-    )
+    loss = agg_loss(loss_tok, response_mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs,
+                    dp_size=dp_size, loss_scale_factor=loss_scale_factor)
     with torch.no_grad():
         dual_clipped = (loss_clip > loss_dual_bound) & negative
         metrics = {

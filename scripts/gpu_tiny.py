@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_model(model: str, args, run_dir: Path) -> dict:
+    """Build ``model`` and the task, warm-start, run the DAPO loop; its throughput and MFU, printed and returned."""
     import torch
 
     from dapo.backends.local.run import build
@@ -97,6 +98,26 @@ def run_model(model: str, args, run_dir: Path) -> dict:
     from dapo.train.loop import DAPOLoop
     from dapo.train.stream import configure_determinism
 
+    preset = load_preset("tiny", _overrides(model, args))
+    configure_determinism(preset.recipe.trainer.seed, deterministic=False)
+    t0 = time.time()
+    backend, train_rows, val_rows, _ = build(preset, run_dir)
+    setup_s = time.time() - t0
+    dev = backend.device
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=False)
+    t1 = time.time()
+    rc = loop.fit()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    train_s = time.time() - t1
+    res = _throughput(model, args, preset, backend, loop, name, run_dir, rc=rc, setup_s=setup_s, train_s=train_s)
+    _print(res)
+    return res
+
+
+def _overrides(model: str, args) -> list[str]:
+    """The tiny preset resized to ``model`` (toy sizes with ``--smoke``) on ``--device``."""
     if args.smoke:
         hidden, layers, heads, inter = 64, 1, 2, 128
         overrides = [
@@ -118,26 +139,19 @@ def run_model(model: str, args, run_dir: Path) -> dict:
             f"recipe.trainer.test_freq={max(1, args.steps // 5)}", "recipe.trainer.save_freq=0",
             "recipe.filter_groups.max_num_gen_batches=20",
         ]  # fmt: skip
-    overrides += [
+    return overrides + [
         f"local.model.hidden_size={hidden}", f"local.model.num_hidden_layers={layers}",
         f"local.model.num_attention_heads={heads}", f"local.model.num_key_value_heads={heads}",
         f"local.model.intermediate_size={inter}", f"placement.device={args.device}",
         "recipe.trainer.logger=[console]", "recipe.trainer.resume_mode=disable",
     ]  # fmt: skip
-    preset = load_preset("tiny", overrides)
-    configure_determinism(preset.recipe.trainer.seed, deterministic=False)
-    t0 = time.time()
-    backend, train_rows, val_rows, _ = build(preset, run_dir)
-    setup_s = time.time() - t0
-    dev = backend.device
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=False)
-    t1 = time.time()
-    rc = loop.fit()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    train_s = time.time() - t1
 
+
+def _throughput(model: str, args, preset, backend, loop, name: str, run_dir: Path, *, rc: int, setup_s: float,
+                train_s: float) -> dict:
+    """Tokens/s, TFLOP/s and MFU of generation, update and the old-log-prob pass, from the backend's counters and
+    the run's metrics (``6 N`` FLOPs per token for forward+backward, ``2 N`` for a forward)."""
+    dev = backend.device
     m = backend.model
     n_total = sum(q.numel() for q in m.parameters())
     n_embed = m.get_input_embeddings().weight.numel()
@@ -178,18 +192,22 @@ def run_model(model: str, args, run_dir: Path) -> dict:
         "val_acc": loop.summary().get("val_acc"),
         "smoke": args.smoke,
     }
+    return res
+
+
+def _print(res: dict) -> None:
     def pct(x):
         return "n/a (no peak for this device; --peak-tflops)" if x is None else f"{x:.1%}"
 
-    print(f"== {model} == device {name} | model {n_total / 1e6:.1f}M params ({n_flop / 1e6:.1f}M in matmuls) | "
-          f"{loop.step} steps in {train_s:.1f}s (setup {setup_s:.1f}s)")
-    print(f"generation: {c['gen_tokens']} tokens, {gen_tok_s:,.0f} tokens/s, {gen_tflops:.2f} TFLOP/s, "
-          f"MFU {pct(res['mfu_gen'])}")
-    print(f"update:     {c['update_tokens']} tokens, {upd_tok_s:,.0f} tokens/s, {upd_tflops:.2f} TFLOP/s, "
-          f"MFU {pct(res['mfu_update'])}")
-    print(f"old log-prob: {oldlp_tflops:.2f} TFLOP/s, MFU {pct(res['mfu_old_log_prob'])}")
+    print(f"== {res['model']} == device {res['device']} | model {res['params'] / 1e6:.1f}M params "
+          f"({res['params_flop'] / 1e6:.1f}M in matmuls) | {res['steps']} steps in {res['train_seconds']:.1f}s "
+          f"(setup {res['setup_seconds']:.1f}s)")
+    print(f"generation: {res['gen_tokens']} tokens, {res['gen_tokens_per_s']:,.0f} tokens/s, "
+          f"{res['gen_tflops']:.2f} TFLOP/s, MFU {pct(res['mfu_gen'])}")
+    print(f"update:     {res['update_tokens']} tokens, {res['update_tokens_per_s']:,.0f} tokens/s, "
+          f"{res['update_tflops']:.2f} TFLOP/s, MFU {pct(res['mfu_update'])}")
+    print(f"old log-prob: {res['old_log_prob_tflops']:.2f} TFLOP/s, MFU {pct(res['mfu_old_log_prob'])}")
     print(f"validation accuracy by step: {res['val_acc']}", flush=True)
-    return res
 
 
 if __name__ == "__main__":

@@ -139,6 +139,16 @@ def apply(objects: list[dict[str, Any]], namespace: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    try:
+        return _render_all(ap, args) if args.all else _render_one(ap, args)
+    except (ValuesError, ConfigError) as exc:
+        print(f"render.py: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="scripts/render.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", help="preset to render (uses values/<preset>.yaml when present)")
@@ -153,73 +163,75 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="render every preset of values/ into --out")
     ap.add_argument("--check", action="store_true", help="with --all: fail if a file under --out is not up to date")
     ap.add_argument("--apply", action="store_true", help="server-side apply with the kubernetes client")
-    args = ap.parse_args(argv)
+    return ap
 
-    try:
-        if args.all:
-            if not args.out:
-                ap.error("--all needs --out DIR")
-            if args.preset or args.values or args.set or args.override or args.apply:
-                ap.error("--all renders the fixed sets of values/; it takes no other inputs")
-            stale = []
-            args.out.mkdir(parents=True, exist_ok=True)
-            for name in RENDER_SETS:
-                text = to_yaml(render_set(name), header_for(name))
-                path = args.out / f"{name}.yaml"
-                if args.check:
-                    if not path.exists() or path.read_text() != text:
-                        stale.append(str(path))
-                else:
-                    path.write_text(text)
-                    print(f"wrote {path}", file=sys.stderr)
-            if stale:
-                print("stale rendered manifests (run `make render`): " + ", ".join(stale), file=sys.stderr)
-                return 1
-            return 0
 
+def _render_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--all``: every set of values/ into ``--out`` (``--check``: 1 when a file there is not up to date)."""
+    if not args.out:
+        ap.error("--all needs --out DIR")
+    if args.preset or args.values or args.set or args.override or args.apply:
+        ap.error("--all renders the fixed sets of values/; it takes no other inputs")
+    stale = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in RENDER_SETS:
+        text = to_yaml(render_set(name), header_for(name))
+        path = args.out / f"{name}.yaml"
         if args.check:
-            ap.error("--check works with --all")
-        files: list[Path] = []
-        release = args.release
-        name = args.preset or "manifests"
-        if args.preset in RENDER_SETS:
-            set_files, set_release = RENDER_SETS[args.preset]
-            files += [VALUES_DIR / f for f in set_files]
-            release = release or set_release
-        elif args.preset and (VALUES_DIR / f"{args.preset}.yaml").exists():
-            files.append(VALUES_DIR / f"{args.preset}.yaml")
-        files += args.values
-        extra: dict[str, Any] = {}
-        if args.preset and args.preset not in RENDER_SETS and not (VALUES_DIR / f"{args.preset}.yaml").exists():
-            extra["preset"] = args.preset
-        sets = list(args.set)
-        objects_values_extra = extra or None
-        if args.override:
-            # appended after every other source of `overrides`
-            from dapo.k8s import load_values
-
-            base = load_values(CHART_DIR, files, sets, objects_values_extra)
-            objects_values_extra = {**(objects_values_extra or {}), "overrides": list(base["overrides"]) + args.override}
-        objects = render_objects(CHART_DIR, files, sets, release=release or "dapo", namespace=args.namespace,
-                                 extra=objects_values_extra)
-        found = [f"{o['kind']}/{o['metadata']['name']}: {p}" for o in objects for p in problems(o)]
-        if found:
-            print("render.py: KubeRay would reject:\n  " + "\n  ".join(found), file=sys.stderr)
-            return 2
-        if args.apply:
-            apply(objects, args.namespace)
-            return 0
-        text = to_yaml(objects)
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / f"{name}.yaml").write_text(text)
-            print(f"wrote {args.out / f'{name}.yaml'}", file=sys.stderr)
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
         else:
-            sys.stdout.write(text)
-        return 0
-    except (ValuesError, ConfigError) as exc:
-        print(f"render.py: {exc}", file=sys.stderr)
+            path.write_text(text)
+            print(f"wrote {path}", file=sys.stderr)
+    if stale:
+        print("stale rendered manifests (run `make render`): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _render_one(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """One preset (or values files) to stdout, ``--out`` or the cluster (``--apply``); 2 when KubeRay would reject
+    an object."""
+    if args.check:
+        ap.error("--check works with --all")
+    files: list[Path] = []
+    release = args.release
+    name = args.preset or "manifests"
+    if args.preset in RENDER_SETS:
+        set_files, set_release = RENDER_SETS[args.preset]
+        files += [VALUES_DIR / f for f in set_files]
+        release = release or set_release
+    elif args.preset and (VALUES_DIR / f"{args.preset}.yaml").exists():
+        files.append(VALUES_DIR / f"{args.preset}.yaml")
+    files += args.values
+    extra: dict[str, Any] = {}
+    if args.preset and args.preset not in RENDER_SETS and not (VALUES_DIR / f"{args.preset}.yaml").exists():
+        extra["preset"] = args.preset
+    sets = list(args.set)
+    objects_values_extra = extra or None
+    if args.override:
+        # appended after every other source of `overrides`
+        from dapo.k8s import load_values
+
+        base = load_values(CHART_DIR, files, sets, objects_values_extra)
+        objects_values_extra = {**(objects_values_extra or {}), "overrides": list(base["overrides"]) + args.override}
+    objects = render_objects(CHART_DIR, files, sets, release=release or "dapo", namespace=args.namespace,
+                             extra=objects_values_extra)
+    found = [f"{o['kind']}/{o['metadata']['name']}: {p}" for o in objects for p in problems(o)]
+    if found:
+        print("render.py: KubeRay would reject:\n  " + "\n  ".join(found), file=sys.stderr)
         return 2
+    if args.apply:
+        apply(objects, args.namespace)
+        return 0
+    text = to_yaml(objects)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{name}.yaml").write_text(text)
+        print(f"wrote {args.out / f'{name}.yaml'}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 if __name__ == "__main__":

@@ -16,12 +16,15 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from dapo.bench.runs import _slug, run_one
 
 
 PEER_SYSTEMS = ("ours, dynamic sampling off", "TRL GRPOTrainer", "ours, dynamic sampling on (DAPO)",
                 "ours, DAPO + carry")
+# dynamic sampling off: the baseline system's (and the TRL configuration's) overrides
+_DS_OFF = ["recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=null"]
 
 
 def _ours_steps(run_dir: Path) -> list[dict[str, float]]:
@@ -97,7 +100,7 @@ def _validate_dir(preset, model_dir: Path, val_rows: list, work: Path) -> float:
     return float(val_accuracy(loop.validate()))
 
 
-def cmd_peers(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dapo bench peers",
                                 description="TRL's GRPOTrainer vs dapo train (dynamic sampling off / on), interleaved")
     p.add_argument("--preset", default="tiny")
@@ -110,9 +113,12 @@ def cmd_peers(argv: list[str]) -> int:
     p.add_argument("--out", default="runs/bench-peers")
     p.add_argument("--systems", default="0,1,2", help="comma-separated indices into: " + "; ".join(PEER_SYSTEMS))
     p.add_argument("overrides", nargs="*")
-    args = p.parse_args(argv)
-    import subprocess
+    return p
 
+
+def cmd_peers(argv: list[str]) -> int:
+    """The systems in interleaved rounds from the same warm start, then the tables (module docstring)."""
+    args = _parser().parse_args(argv)
     import numpy as np
     import torch
 
@@ -127,9 +133,8 @@ def cmd_peers(argv: list[str]) -> int:
         return 2
     common = ["recipe.trainer.logger=[console]", "recipe.trainer.save_freq=0", "recipe.trainer.resume_mode=disable",
               f"recipe.trainer.total_training_steps={args.steps}", f"recipe.trainer.test_freq={args.test_freq}"]
-    ds_off = ["recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=null"]
     # the systems' own settings come last: they define the system whatever the shared overrides say
-    preset = load_preset(args.preset, common + args.overrides + ds_off)
+    preset = load_preset(args.preset, common + args.overrides + _DS_OFF)
     assets_dir = out / "assets"
     from dapo.data.files import read_rows
     from dapo.tiny.assets import prepare
@@ -138,46 +143,64 @@ def cmd_peers(argv: list[str]) -> int:
     val_rows = read_rows([str(assets.val_file)], "validation")
     results: dict[str, list[dict]] = {s: [] for s in systems}
     load0, t_start = os.getloadavg()[0], time.time()
-    n_resp = preset.recipe.data.train_batch_size * preset.recipe.rollout.n
     for rnd in range(args.rounds):
         for name in systems:
             run_dir = out / f"round{rnd}" / _slug(name)
             t0 = time.time()
             if name == PEER_SYSTEMS[1]:
-                cfg = {"recipe": preset.to_dict()["recipe"], "model": str(assets.policy_dir), "out": str(run_dir),
-                       "train_file": str(assets.train_file), "steps": args.steps, "seed": preset.recipe.trainer.seed,
-                       "test_freq": args.test_freq, "threads": args.threads}  # fmt: skip
-                run_dir.mkdir(parents=True, exist_ok=True)
-                (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-                env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]),
-                           OMP_NUM_THREADS=str(args.threads))  # fmt: skip
-                proc = subprocess.run([args.trl_python, "-m", "dapo.bench.peers_trl", str(run_dir / "config.json")],
-                                      env=env, capture_output=True, text=True)  # fmt: skip
-                if proc.returncode != 0:
-                    print(proc.stdout[-3000:] + proc.stderr[-5000:], file=sys.stderr)
+                res_round = _trl_round(args, preset, assets, run_dir, val_rows)
+                if res_round is None:
                     return 1
-                res = json.loads((run_dir / "trl_result.json").read_text())
-                steps = res["steps"]
-                curve = [(0, None, 0.0)]
-                for st in steps:
-                    ck = run_dir / f"ckpt-{st['step']}"
-                    if ck.exists():
-                        curve.append((st["step"], _validate_dir(preset, ck, val_rows, run_dir / "val"),
-                                      float(st["step"] * n_resp)))  # fmt: skip
-                gen_tok = sum(s["gen_tokens"] for s in steps)
-                gen_sec = sum(s["gen_s"] for s in steps)
-                res_round = {"steps": steps, "curve": curve, "gen_tokens": gen_tok, "gen_seconds": gen_sec,
-                             "trl_version": res["trl_version"], "wall_seconds": time.time() - t0}  # fmt: skip
             else:
-                extra = {PEER_SYSTEMS[0]: ds_off, PEER_SYSTEMS[3]: ["recipe.filter_groups.mode=carry"]}.get(name, [])
+                extra = {PEER_SYSTEMS[0]: _DS_OFF, PEER_SYSTEMS[3]: ["recipe.filter_groups.mode=carry"]}.get(name, [])
                 summ = run_one(args.preset, common + args.overrides + extra, run_dir, assets_dir,
                                threads=args.threads)  # fmt: skip
                 c = summ["counters"]
                 res_round = {"steps": _ours_steps(run_dir), "curve": summ["curve"], "gen_tokens": c["gen_tokens"],
-                             "gen_seconds": c["gen_seconds"], "wall_seconds": time.time() - t0}  # fmt: skip
+                             "gen_seconds": c["gen_seconds"]}  # fmt: skip
+            res_round["wall_seconds"] = time.time() - t0
             results[name].append(res_round)
             print(f"[{time.time() - t_start:.0f}s] round {rnd + 1}/{args.rounds} {name}: "
                   f"{np.mean([s['step_s'] for s in res_round['steps'][1:]]):.3f} s/step", flush=True)
+    _write_report(argv, args, preset, systems, results, out, load0, t_start)
+    return 0
+
+
+def _trl_round(args: argparse.Namespace, preset, assets, run_dir: Path, val_rows: list) -> Optional[dict]:
+    """One TRL run in TRL's environment (:mod:`dapo.bench.peers_trl`) and its validation curve from the saved
+    policies; None (its output on stderr) when it fails."""
+    import subprocess
+
+    n_resp = preset.recipe.data.train_batch_size * preset.recipe.rollout.n
+    cfg = {"recipe": preset.to_dict()["recipe"], "model": str(assets.policy_dir), "out": str(run_dir),
+           "train_file": str(assets.train_file), "steps": args.steps, "seed": preset.recipe.trainer.seed,
+           "test_freq": args.test_freq, "threads": args.threads}  # fmt: skip
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+               OMP_NUM_THREADS=str(args.threads))  # fmt: skip
+    proc = subprocess.run([args.trl_python, "-m", "dapo.bench.peers_trl", str(run_dir / "config.json")],
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:] + proc.stderr[-5000:], file=sys.stderr)
+        return None
+    res = json.loads((run_dir / "trl_result.json").read_text())
+    steps = res["steps"]
+    curve = [(0, None, 0.0)]
+    for st in steps:
+        ck = run_dir / f"ckpt-{st['step']}"
+        if ck.exists():
+            curve.append((st["step"], _validate_dir(preset, ck, val_rows, run_dir / "val"),
+                          float(st["step"] * n_resp)))  # fmt: skip
+    gen_tok = sum(s["gen_tokens"] for s in steps)
+    gen_sec = sum(s["gen_s"] for s in steps)
+    return {"steps": steps, "curve": curve, "gen_tokens": gen_tok, "gen_seconds": gen_sec,
+            "trl_version": res["trl_version"]}  # fmt: skip
+
+
+def _write_report(argv: list[str], args: argparse.Namespace, preset, systems: list[str],
+                  results: dict[str, list[dict]], out: Path, load0: float, t_start: float) -> None:
+    """``peers.md`` (the machine, the tables) and ``peers.json``; the tables on stdout."""
     # TRL's curve has no step-0 accuracy of its own: it starts from the same warm start as ours
     for name in systems:
         if name == PEER_SYSTEMS[1]:
@@ -195,4 +218,3 @@ def cmd_peers(argv: list[str]) -> int:
                                   "responses:\n\n" + curves + "\n")  # fmt: skip
     (out / "peers.json").write_text(json.dumps(results, indent=2, default=str))
     print(table + "\n\n" + curves + "\n\n" + meta)
-    return 0

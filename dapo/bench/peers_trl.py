@@ -123,17 +123,38 @@ def make_reward_fn(recipe: dict[str, Any], tokenizer):
 
 
 def main(argv: list[str]) -> int:
+    """Build TRL's trainer from ``CONFIG.json``, time its phases, train, write ``trl_result.json`` (module doc)."""
     cfg = json.loads(Path(argv[0]).read_text())
     import torch
 
     torch.set_num_threads(int(cfg.get("threads") or torch.get_num_threads()))
-    import pandas as pd
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
     out = Path(cfg["out"])
     out.mkdir(parents=True, exist_ok=True)
+    recipe = cfg["recipe"]
+    trainer, tok = _trainer(cfg, out)
+    timing = {"gen": 0.0, "old_log_prob": 0.0, "gen_tokens": 0}
+    steps: list[dict[str, float]] = []
+    _time_phases(trainer, timing)
+    trainer.add_callback(_clock(trainer, tok, cfg, out, timing, steps))
+    t0 = time.time()
+    trainer.train()
+    import trl
+
+    (out / "trl_result.json").write_text(json.dumps({
+        "trl_version": trl.__version__, "steps": steps, "wall_seconds": time.time() - t0,
+        "grpo_config": {k: v for k, v in grpo_kwargs(recipe, "", 1, 0).items() if k not in ("output_dir",)},
+    }, indent=2))  # fmt: skip
+    return 0
+
+
+def _trainer(cfg: dict[str, Any], out: Path) -> tuple[Any, Any]:
+    """``trl.GRPOTrainer`` (and the tokenizer) on the preset's model, the training prompts and our reward."""
+    import pandas as pd
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
     recipe = cfg["recipe"]
     tok = AutoTokenizer.from_pretrained(cfg["model"])
     tok.padding_side = "left"
@@ -146,10 +167,13 @@ def main(argv: list[str]) -> int:
     args = GRPOConfig(**grpo_kwargs(recipe, str(out / "trainer"), int(cfg["steps"]), int(cfg["seed"])))
     trainer = GRPOTrainer(model=model, reward_funcs=make_reward_fn(recipe, tok), args=args, train_dataset=ds,
                           processing_class=tok)  # fmt: skip
+    return trainer, tok
 
-    per_gen = args.steps_per_generation
-    timing = {"gen": 0.0, "old_log_prob": 0.0, "gen_tokens": 0}
-    steps: list[dict[str, float]] = []
+
+def _time_phases(trainer: Any, timing: dict[str, float]) -> None:
+    """Wrap the trainer's generation and its no-grad (old) log-prob forward to add their seconds (and the
+    generated tokens) to ``timing``."""
+    import torch
 
     gen_fn = trainer._generate_single_turn
 
@@ -173,8 +197,17 @@ def main(argv: list[str]) -> int:
         return res
 
     trainer._get_per_token_logps_and_entropies = timed_logps
+
+
+def _clock(trainer: Any, tok: Any, cfg: dict[str, Any], out: Path, timing: dict[str, float],
+           steps: list[dict[str, float]]) -> Any:
+    """A callback that appends one record per rollout step (``steps_per_generation`` optimizer steps) to ``steps``
+    and saves the policy every ``test_freq`` rollout steps."""
+    from transformers import TrainerCallback
+
+    per_gen = trainer.args.steps_per_generation
     test_freq = int(cfg["test_freq"])
-    n_resp = int(recipe["data"]["train_batch_size"]) * int(recipe["rollout"]["n"])
+    n_resp = int(cfg["recipe"]["data"]["train_batch_size"]) * int(cfg["recipe"]["rollout"]["n"])
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -200,16 +233,7 @@ def main(argv: list[str]) -> int:
                 trainer.model.save_pretrained(str(out / f"ckpt-{step}"))
                 tok.save_pretrained(str(out / f"ckpt-{step}"))
 
-    trainer.add_callback(Clock())
-    t0 = time.time()
-    trainer.train()
-    import trl
-
-    (out / "trl_result.json").write_text(json.dumps({
-        "trl_version": trl.__version__, "steps": steps, "wall_seconds": time.time() - t0,
-        "grpo_config": {k: v for k, v in grpo_kwargs(recipe, "", 1, 0).items() if k not in ("output_dir",)},
-    }, indent=2))  # fmt: skip
-    return 0
+    return Clock()
 
 
 if __name__ == "__main__":

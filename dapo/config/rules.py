@@ -4,16 +4,34 @@ cannot say (clip ranges, KL settings the loop does not implement, batch divisibi
 
 from __future__ import annotations
 
+from functools import partial
+from typing import NoReturn
+
 from dapo.config.schema import KL_PENALTIES, LOSS_AGG_MODES, ConfigError, Preset
 
+
 def validate(preset: Preset) -> None:
-    """Cross-field rules that must hold before anything is scheduled."""
-    r, p = preset.recipe, preset.placement
+    """Cross-field rules that must hold before anything is scheduled; :class:`ConfigError` names the first broken one
+    (in order: the loss, the reward, batch sizes, sampling, optimizer and placement, the health guards, the local
+    backend)."""
+    _check_loss(preset)
+    _check_reward(preset)
+    _check_batches(preset)
+    _check_sampling_optimizer_placement(preset)
+    _check_health(preset)
+    if preset.local is not None:
+        _check_local(preset)
+
+
+def _bad(preset: Preset, key: str, msg: str) -> NoReturn:
+    raise ConfigError(f"preset {preset.name!r}: '{key}' {msg}")
+
+
+def _check_loss(preset: Preset) -> None:
+    """Clip ranges, KL terms and the loss aggregation."""
+    r = preset.recipe
     a = r.actor
-
-    def bad(key: str, msg: str) -> None:
-        raise ConfigError(f"preset {preset.name!r}: '{key}' {msg}")
-
+    bad = partial(_bad, preset)
     if not 0.0 <= a.clip_ratio_low < 1.0:
         bad("recipe.actor.clip_ratio_low", f"must be in [0, 1), got {a.clip_ratio_low}")
     if not a.clip_ratio_high >= 0.0:
@@ -34,6 +52,12 @@ def validate(preset: Preset) -> None:
         bad("recipe.trainer.log_val_generations", f"must be >= 0, got {r.trainer.log_val_generations}")
     if a.loss_agg_mode not in LOSS_AGG_MODES:
         bad("recipe.actor.loss_agg_mode", f"must be one of {list(LOSS_AGG_MODES)}, got {a.loss_agg_mode!r}")
+
+
+def _check_reward(preset: Preset) -> None:
+    """The soft overlong punishment."""
+    r = preset.recipe
+    bad = partial(_bad, preset)
     ob = r.reward.overlong_buffer
     if ob.enable and not 0 < ob.len < r.data.max_response_length:
         bad(
@@ -42,6 +66,13 @@ def validate(preset: Preset) -> None:
         )
     if ob.penalty_factor < 0:
         bad("recipe.reward.overlong_buffer.penalty_factor", f"must be >= 0, got {ob.penalty_factor}")
+
+
+def _check_batches(preset: Preset) -> None:
+    """Batch sizes, lengths and responses per prompt, and how they divide."""
+    r = preset.recipe
+    a = r.actor
+    bad = partial(_bad, preset)
     for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
         if getattr(r.data, key) < 1:
             bad(f"recipe.data.{key}", f"must be >= 1, got {getattr(r.data, key)}")
@@ -66,6 +97,13 @@ def validate(preset: Preset) -> None:
         )
     if a.ppo_epochs < 1:
         bad("recipe.actor.ppo_epochs", f"must be >= 1, got {a.ppo_epochs}")
+
+
+def _check_sampling_optimizer_placement(preset: Preset) -> None:
+    """Sampling ranges, the learning rate and its warm-up, nodes and GPUs, a built-in model's local section."""
+    r, p = preset.recipe, preset.placement
+    a = r.actor
+    bad = partial(_bad, preset)
     if not 0 < r.rollout.top_p <= 1 or not 0 < r.rollout.val.top_p <= 1:
         bad("recipe.rollout.top_p", "top_p must be in (0, 1]")
     if r.rollout.temperature < 0 or r.rollout.val.temperature < 0:
@@ -80,6 +118,12 @@ def validate(preset: Preset) -> None:
         bad("placement.gpus_per_node", f"must be >= 1 for the verl backend, got {p.gpus_per_node}")
     if preset.recipe.model.path.startswith("builtin:") and preset.local is None:
         bad("local", "is required when recipe.model.path is builtin:*")
+
+
+def _check_health(preset: Preset) -> None:
+    """The health guards' thresholds."""
+    r = preset.recipe
+    bad = partial(_bad, preset)
     h = r.trainer.health
     if h.patience < 1:
         bad("recipe.trainer.health.patience", f"must be >= 1, got {h.patience}")
@@ -87,17 +131,22 @@ def validate(preset: Preset) -> None:
         bad("recipe.trainer.health.clip_ratio_max", f"must be in [0, 1], got {h.clip_ratio_max}")
     if h.starving_gen_batches < 1:
         bad("recipe.trainer.health.starving_gen_batches", f"must be >= 1, got {h.starving_gen_batches}")
-    if preset.local is not None:
-        lc = preset.local
-        if lc.micro_batch_size < 1:
-            bad("local.micro_batch_size", f"must be >= 1, got {lc.micro_batch_size}")
-        m = lc.model
-        if m.hidden_size % m.num_attention_heads or m.hidden_size // m.num_attention_heads < 32:
-            bad("local.model.hidden_size", f"/ num_attention_heads must be an integer head_dim >= 32 (vLLM), got "
-                f"{m.hidden_size} / {m.num_attention_heads}")
-        if m.num_attention_heads % m.num_key_value_heads:
-            bad("local.model.num_key_value_heads", "must divide num_attention_heads")
-        if lc.task.n_train < r.data.train_batch_size:
-            bad("local.task.n_train", f"({lc.task.n_train}) must be >= recipe.data.train_batch_size")
-        if not 0.0 <= lc.warm_start.mistake_rate <= 1.0:
-            bad("local.warm_start.mistake_rate", f"must be in [0, 1], got {lc.warm_start.mistake_rate}")
+
+
+def _check_local(preset: Preset) -> None:
+    """The local backend's section: micro-batches, the built model's shape, the task and the warm start."""
+    r = preset.recipe
+    bad = partial(_bad, preset)
+    lc = preset.local
+    if lc.micro_batch_size < 1:
+        bad("local.micro_batch_size", f"must be >= 1, got {lc.micro_batch_size}")
+    m = lc.model
+    if m.hidden_size % m.num_attention_heads or m.hidden_size // m.num_attention_heads < 32:
+        bad("local.model.hidden_size", f"/ num_attention_heads must be an integer head_dim >= 32 (vLLM), got "
+            f"{m.hidden_size} / {m.num_attention_heads}")
+    if m.num_attention_heads % m.num_key_value_heads:
+        bad("local.model.num_key_value_heads", "must divide num_attention_heads")
+    if lc.task.n_train < r.data.train_batch_size:
+        bad("local.task.n_train", f"({lc.task.n_train}) must be >= recipe.data.train_batch_size")
+    if not 0.0 <= lc.warm_start.mistake_rate <= 1.0:
+        bad("local.warm_start.mistake_rate", f"must be in [0, 1], got {lc.warm_start.mistake_rate}")

@@ -95,107 +95,125 @@ def validate_table(table: pa.Table, row_offset: int = 0) -> list[Problem]:
     return problems
 
 
-def _validate(table: pa.Table) -> list[Problem]:
-    problems: list[Problem] = []
-    names = set(table.column_names)
-    missing = [c for c in REQUIRED_COLUMNS if c not in names]
-    for col in missing:
-        problems.append(Problem(col, f"is missing (columns present: {', '.join(table.column_names)})"))
-    n = table.num_rows
+class _Table:
+    """One table under validation: its columns and the problems found so far."""
 
-    def col(name: str) -> pa.Array:
-        return table.column(name).combine_chunks()
+    def __init__(self, table: pa.Table):
+        self.table, self.n = table, table.num_rows
+        self.names = set(table.column_names)
+        self.problems: list[Problem] = []
 
-    def value_at(name: str, row: int) -> Any:
-        return table.column(name)[row].as_py()
+    def col(self, name: str) -> pa.Array:
+        return self.table.column(name).combine_chunks()
 
-    def check(mask: pa.Array, column: str, message: str, top: str) -> None:
+    def value_at(self, name: str, row: int) -> Any:
+        return self.table.column(name)[row].as_py()
+
+    def check(self, mask: pa.Array, column: str, message: str, top: str) -> None:
+        """A problem at the rows where ``mask`` is true (shown: the first, and the value of its column ``top``)."""
         row, count = _first_bad(mask)
         if row is not None:
-            problems.append(Problem(column, message, row, count, value_at(top, row)))
+            self.problems.append(Problem(column, message, row, count, self.value_at(top, row)))
 
-    # plain string columns
+    def every_row(self, column: str, message: str, top: str) -> None:
+        """A problem of the column's type: every row has it (shown: the first)."""
+        n = self.n
+        self.problems.append(Problem(column, message, 0 if n else None, n, self.value_at(top, 0) if n else None))
+
+
+def _validate(table: pa.Table) -> list[Problem]:
+    """The problems of ``table``, column by column (the schema in the module docstring)."""
+    t = _Table(table)
+    missing = [c for c in REQUIRED_COLUMNS if c not in t.names]
+    for col in missing:
+        t.problems.append(Problem(col, f"is missing (columns present: {', '.join(table.column_names)})"))
+    _check_plain_strings(t)
+    if "prompt" in t.names:
+        _check_prompt(t)
+    if "reward_model" in t.names:
+        _check_reward_model(t)
+    if "extra_info" in t.names:
+        _check_extra_info(t)
+    return t.problems
+
+
+def _check_plain_strings(t: _Table) -> None:
+    """data_source and ability: strings, not null; data_source not empty."""
     for name in ("data_source", "ability"):
-        if name not in names:
+        if name not in t.names:
             continue
-        arr = col(name)
+        arr = t.col(name)
         if not _is_string(arr.type):
-            problems.append(Problem(name, f"has type {arr.type}, expected string", 0 if n else None,
-                                    n, value_at(name, 0) if n else None))
+            t.every_row(name, f"has type {arr.type}, expected string", name)
             continue
-        check(arr.is_null(), name, "is null", name)
+        t.check(arr.is_null(), name, "is null", name)
         if name == "data_source":
-            check(pc.equal(pc.utf8_length(arr), 0), name, "is empty", name)
+            t.check(pc.equal(pc.utf8_length(arr), 0), name, "is empty", name)
 
-    # prompt: list<struct<role: string, content: string>>
-    if "prompt" in names:
-        arr = col("prompt")
-        expected = "a chat: list of {role, content} (e.g. [{'role': 'user', 'content': '...'}])"
-        if not _is_list(arr.type) or not pa.types.is_struct(arr.type.value_type):
-            problems.append(Problem("prompt", f"has type {arr.type}, expected {expected}",
-                                    0 if n else None, n, value_at("prompt", 0) if n else None))
-        else:
-            fields = {arr.type.value_type.field(i).name: arr.type.value_type.field(i).type
-                      for i in range(arr.type.value_type.num_fields)}
-            bad_fields = [f for f in ("role", "content") if f not in fields or not _is_string(fields[f])]
-            if bad_fields:
-                problems.append(Problem(f"prompt[].{bad_fields[0]}",
-                                        f"is missing or not a string (message type: {arr.type.value_type}); "
-                                        f"expected {expected}", 0 if n else None, n,
-                                        value_at("prompt", 0) if n else None))
-            else:
-                check(arr.is_null(), "prompt", "is null", "prompt")
-                check(pc.equal(pc.list_value_length(arr), 0), "prompt", "is an empty chat", "prompt")
-                flat = pc.list_flatten(arr)
-                parents = pc.list_parent_indices(arr)
-                role = pc.struct_field(flat, "role")
-                content = pc.struct_field(flat, "content")
-                check(_rows_with(flat.is_null(), parents, n), "prompt[]", "holds a null message", "prompt")
-                bad_role = pc.invert(pc.fill_null(pc.is_in(role, value_set=pa.array(CHAT_ROLES)), False))
-                check(_rows_with(bad_role, parents, n), "prompt[].role",
-                      f"is not one of {list(CHAT_ROLES)}", "prompt")
-                bad_content = pc.or_(content.is_null(), pc.equal(pc.utf8_length(pc.fill_null(content, "")), 0))
-                check(_rows_with(bad_content, parents, n), "prompt[].content", "is null or empty", "prompt")
-                has_user = _rows_with(pc.equal(role, "user"), parents, n)
-                nonempty = pc.greater(pc.fill_null(pc.list_value_length(arr), 0), 0)
-                check(pc.and_(nonempty, pc.invert(has_user)), "prompt", "has no 'user' message", "prompt")
 
-    # reward_model: struct<ground_truth: string, style: string>
-    if "reward_model" in names:
-        arr = col("reward_model")
-        if not pa.types.is_struct(arr.type):
-            problems.append(Problem("reward_model", f"has type {arr.type}, expected {{ground_truth: str, style: str}}",
-                                    0 if n else None, n, value_at("reward_model", 0) if n else None))
-        else:
-            fields = {arr.type.field(i).name: arr.type.field(i).type for i in range(arr.type.num_fields)}
-            check(arr.is_null(), "reward_model", "is null", "reward_model")
-            for sub in ("ground_truth", "style"):
-                if sub not in fields:
-                    problems.append(Problem(f"reward_model.{sub}", f"is missing (reward_model has: "
-                                            f"{', '.join(fields) or 'no fields'})", 0 if n else None, n,
-                                            value_at("reward_model", 0) if n else None))
-                    continue
-                if not _is_string(fields[sub]):
-                    problems.append(Problem(f"reward_model.{sub}", f"has type {fields[sub]}, expected string",
-                                            0 if n else None, n, value_at("reward_model", 0) if n else None))
-                    continue
-                sub_arr = pc.struct_field(arr, sub)
-                if sub == "ground_truth":
-                    empty = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(pc.fill_null(sub_arr, ""))), 0)
-                    check(pc.or_(sub_arr.is_null(), empty), "reward_model.ground_truth", "is missing or empty",
-                          "reward_model")
-                else:
-                    check(sub_arr.is_null(), "reward_model.style", "is null", "reward_model")
+def _check_prompt(t: _Table) -> None:
+    """prompt: list<struct<role: string, content: string>>, a non-empty chat with a user message."""
+    n, check = t.n, t.check
+    arr = t.col("prompt")
+    expected = "a chat: list of {role, content} (e.g. [{'role': 'user', 'content': '...'}])"
+    if not _is_list(arr.type) or not pa.types.is_struct(arr.type.value_type):
+        t.every_row("prompt", f"has type {arr.type}, expected {expected}", "prompt")
+        return
+    fields = {arr.type.value_type.field(i).name: arr.type.value_type.field(i).type
+              for i in range(arr.type.value_type.num_fields)}
+    bad_fields = [f for f in ("role", "content") if f not in fields or not _is_string(fields[f])]
+    if bad_fields:
+        t.every_row(f"prompt[].{bad_fields[0]}", f"is missing or not a string (message type: {arr.type.value_type}); "
+                    f"expected {expected}", "prompt")
+        return
+    check(arr.is_null(), "prompt", "is null", "prompt")
+    check(pc.equal(pc.list_value_length(arr), 0), "prompt", "is an empty chat", "prompt")
+    flat = pc.list_flatten(arr)
+    parents = pc.list_parent_indices(arr)
+    role = pc.struct_field(flat, "role")
+    content = pc.struct_field(flat, "content")
+    check(_rows_with(flat.is_null(), parents, n), "prompt[]", "holds a null message", "prompt")
+    bad_role = pc.invert(pc.fill_null(pc.is_in(role, value_set=pa.array(CHAT_ROLES)), False))
+    check(_rows_with(bad_role, parents, n), "prompt[].role", f"is not one of {list(CHAT_ROLES)}", "prompt")
+    bad_content = pc.or_(content.is_null(), pc.equal(pc.utf8_length(pc.fill_null(content, "")), 0))
+    check(_rows_with(bad_content, parents, n), "prompt[].content", "is null or empty", "prompt")
+    has_user = _rows_with(pc.equal(role, "user"), parents, n)
+    nonempty = pc.greater(pc.fill_null(pc.list_value_length(arr), 0), 0)
+    check(pc.and_(nonempty, pc.invert(has_user)), "prompt", "has no 'user' message", "prompt")
 
-    # extra_info: a struct (or map) of free-form fields
-    if "extra_info" in names:
-        arr = col("extra_info")
-        if not (pa.types.is_struct(arr.type) or pa.types.is_map(arr.type)):
-            problems.append(Problem("extra_info", f"has type {arr.type}, expected a struct (e.g. {{index: int}})",
-                                    0 if n else None, n, value_at("extra_info", 0) if n else None))
+
+def _check_reward_model(t: _Table) -> None:
+    """reward_model: struct<ground_truth: string, style: string>, a non-empty ground truth."""
+    arr = t.col("reward_model")
+    if not pa.types.is_struct(arr.type):
+        t.every_row("reward_model", f"has type {arr.type}, expected {{ground_truth: str, style: str}}", "reward_model")
+        return
+    fields = {arr.type.field(i).name: arr.type.field(i).type for i in range(arr.type.num_fields)}
+    t.check(arr.is_null(), "reward_model", "is null", "reward_model")
+    for sub in ("ground_truth", "style"):
+        if sub not in fields:
+            t.every_row(f"reward_model.{sub}", f"is missing (reward_model has: {', '.join(fields) or 'no fields'})",
+                        "reward_model")
+            continue
+        if not _is_string(fields[sub]):
+            t.every_row(f"reward_model.{sub}", f"has type {fields[sub]}, expected string", "reward_model")
+            continue
+        sub_arr = pc.struct_field(arr, sub)
+        if sub == "ground_truth":
+            empty = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(pc.fill_null(sub_arr, ""))), 0)
+            t.check(pc.or_(sub_arr.is_null(), empty), "reward_model.ground_truth", "is missing or empty",
+                    "reward_model")
         else:
-            check(arr.is_null(), "extra_info", "is null", "extra_info")
-    return problems
+            t.check(sub_arr.is_null(), "reward_model.style", "is null", "reward_model")
+
+
+def _check_extra_info(t: _Table) -> None:
+    """extra_info: a struct (or map) of free-form fields."""
+    arr = t.col("extra_info")
+    if not (pa.types.is_struct(arr.type) or pa.types.is_map(arr.type)):
+        t.every_row("extra_info", f"has type {arr.type}, expected a struct (e.g. {{index: int}})", "extra_info")
+    else:
+        t.check(arr.is_null(), "extra_info", "is null", "extra_info")
 
 
 # --------------------------------------------------------------------------------------------------------------------

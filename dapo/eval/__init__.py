@@ -10,6 +10,6 @@
 - the checkpoints x benchmarks of ``dapo eval run`` (:mod:`~dapo.eval.tasks`) and the results over steps
   (:mod:`~dapo.eval.results`).
 
-``dapo eval`` / ``python -m dapo.eval`` is :mod:`dapo.eval.cli`. Imports the core, ``dapo.util``, ``dapo.config``
-and ``dapo.data``.
+``dapo eval`` / ``python -m dapo.eval`` is :mod:`dapo.eval.cli` (``dapo eval run``: :mod:`~dapo.eval.run_cli`).
+Imports the core, ``dapo.util``, ``dapo.config`` and ``dapo.data``.
 """

@@ -190,60 +190,79 @@ async def run_requests(
         queue: asyncio.Queue[TestRow] = asyncio.Queue()
         for r in todo:
             queue.put_nowait(r)
-        refused: list[RequestRefused] = []
-
-        async def one(row: TestRow) -> None:
-            for attempt in range(cfg.max_retries + 1):
-                t = time.monotonic()
-                stats.sent += 1
-                try:
-                    ans = await chat_once(client, cfg, base_url, row)
-                except TransientError as exc:
-                    if attempt == cfg.max_retries:
-                        _log_error(out_dir, row.row, str(exc), attempt + 1)
-                        stats.failed.append({"row": row.row, "error": str(exc)})
-                        return
-                    delay = backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, rng)
-                    if exc.retry_after is not None:
-                        delay = max(delay, min(exc.retry_after, cfg.backoff_max_s))
-                    stats.retries += 1
-                    log.warning("row %d: %s; retry %d/%d in %.1f s", row.row, exc, attempt + 1, cfg.max_retries, delay)
-                    await sleep(delay)
-                    continue
-                rec = {
-                    "row": row.row,
-                    "problem": row.problem,
-                    "prompt_sha": row.sha,
-                    **ans,
-                    "latency_s": round(time.monotonic() - t, 3),
-                    "attempts": attempt + 1,
-                    "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                }
-                log_.append(rec)  # no await between here and the fsync: one writer, whole lines
-                stats.answered += 1
-                stats.completion_tokens += int(ans.get("completion_tokens") or 0)
-                if progress:
-                    progress(len(log_.records), len(rows))
-                return
-
-        async def worker() -> None:
-            while not refused:
-                try:
-                    row = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                try:
-                    await one(row)
-                except RequestRefused as exc:
-                    _log_error(out_dir, row.row, str(exc), 1)
-                    stats.failed.append({"row": row.row, "error": str(exc)})
-                    refused.append(exc)  # the same request shape fails for every row: stop sending
-
-        await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, len(todo)))))
+        requests = _Requests(client, cfg, base_url, log_, out_dir, stats, rng, sleep, progress, len(rows))
+        await asyncio.gather(*(requests.worker(queue) for _ in range(min(cfg.concurrency, len(todo)))))
         stats.wall_s = time.monotonic() - t0
-        if refused:
-            raise refused[0]
+        if requests.refused:
+            raise requests.refused[0]
     return stats
+
+
+@dataclass
+class _Requests:
+    """The request loop of one :func:`run_requests`: workers take rows off a queue, each row is retried on transient
+    failures, every answer goes to the log as it arrives."""
+
+    client: Any
+    cfg: ClientConfig
+    base_url: str
+    log_: ResponseLog
+    out_dir: Path
+    stats: RunStats
+    rng: random.Random
+    sleep: Callable
+    progress: Optional[Callable[[int, int], None]]
+    total: int  # rows of the test file
+    refused: list[RequestRefused] = field(default_factory=list)
+
+    async def worker(self, queue: asyncio.Queue[TestRow]) -> None:
+        while not self.refused:
+            try:
+                row = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            try:
+                await self.one(row)
+            except RequestRefused as exc:
+                _log_error(self.out_dir, row.row, str(exc), 1)
+                self.stats.failed.append({"row": row.row, "error": str(exc)})
+                self.refused.append(exc)  # the same request shape fails for every row: stop sending
+
+    async def one(self, row: TestRow) -> None:
+        """One row: up to ``max_retries`` retries with full-jitter backoff (``Retry-After`` honoured, capped)."""
+        cfg, stats = self.cfg, self.stats
+        for attempt in range(cfg.max_retries + 1):
+            t = time.monotonic()
+            stats.sent += 1
+            try:
+                ans = await chat_once(self.client, cfg, self.base_url, row)
+            except TransientError as exc:
+                if attempt == cfg.max_retries:
+                    _log_error(self.out_dir, row.row, str(exc), attempt + 1)
+                    stats.failed.append({"row": row.row, "error": str(exc)})
+                    return
+                delay = backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, self.rng)
+                if exc.retry_after is not None:
+                    delay = max(delay, min(exc.retry_after, cfg.backoff_max_s))
+                stats.retries += 1
+                log.warning("row %d: %s; retry %d/%d in %.1f s", row.row, exc, attempt + 1, cfg.max_retries, delay)
+                await self.sleep(delay)
+                continue
+            rec = {
+                "row": row.row,
+                "problem": row.problem,
+                "prompt_sha": row.sha,
+                **ans,
+                "latency_s": round(time.monotonic() - t, 3),
+                "attempts": attempt + 1,
+                "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            }
+            self.log_.append(rec)  # no await between here and the fsync: one writer, whole lines
+            stats.answered += 1
+            stats.completion_tokens += int(ans.get("completion_tokens") or 0)
+            if self.progress:
+                self.progress(len(self.log_.records), self.total)
+            return
 
 
 def _log_error(out_dir: Path, row: int, error: str, attempts: int) -> None:

@@ -217,6 +217,19 @@ def export_checkpoint(
     n = resolve_step(ckpt, step)
     step_dir = ckpt / f"global_step_{n}"
     actor = actor_dir(step_dir)
+    as_is = _served_as_is(step_dir, actor, n, log)
+    if as_is is not None:
+        return as_is
+    out = Path(target) if target else default_target(ckpt, n)
+    if _finished_export(out, actor, n):
+        log(f"[export] {out} is a complete export of step {n}: reusing it")
+        return ExportResult(out, n, "reused", actor)
+    return _merge(actor, out, n, dtype, max_shard_bytes, log)
+
+
+def _served_as_is(step_dir: Path, actor: Path, n: int, log) -> Optional[ExportResult]:
+    """The step's HF weights when it has them (the step directory, ``actor/``, or ``actor/huggingface``), None for
+    a verl FSDP checkpoint to merge; :class:`ExportError` for anything else."""
     hf = actor / "huggingface"
     if (step_dir / "loop_state.pt").exists() and not (step_dir / "COMPLETE").exists():
         raise ExportError(f"{step_dir} is an incomplete local-backend checkpoint (no COMPLETE marker)")
@@ -233,7 +246,11 @@ def export_checkpoint(
             "actor/model_world_size_W_rank_0.pt) nor an HF model directory "
             f"(config.json + weights); contents: {sorted(p.name for p in step_dir.iterdir())[:10]}"
         )
-    out = Path(target) if target else default_target(ckpt, n)
+    return None
+
+
+def _finished_export(out: Path, actor: Path, n: int) -> bool:
+    """``out`` holds our finished export of this step; :class:`ExportError` when it holds anything else."""
     marker = _read_marker(out)
     if marker is not None:
         if marker.get("step") != n or Path(marker.get("source", "")).resolve() != actor.resolve():
@@ -241,13 +258,18 @@ def export_checkpoint(
                 f"{out} holds an export of {marker.get('source')} step {marker.get('step')}, not of {actor} step {n}; "
                 "choose another target"
             )
-        log(f"[export] {out} is a complete export of step {n}: reusing it")
-        return ExportResult(out, n, "reused", actor)
+        return True
     if out.exists():
         raise ExportError(
             f"{out} exists but has no completion marker ({MARKER}): it is not a finished export of ours; "
             "remove it or choose another target"
         )
+    return False
+
+
+def _merge(actor: Path, out: Path, n: int, dtype: str, max_shard_bytes: int, log) -> ExportResult:
+    """Merge the FSDP shards into a temporary directory beside ``out``, write the marker, fsync, rename into place
+    (a concurrent export that finished first wins)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale_tmp(out)
     tmp = out.parent / f".{out.name}.tmp-{socket.gethostname()}-{os.getpid()}"

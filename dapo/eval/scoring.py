@@ -126,15 +126,14 @@ def summarize(
 
     answers = answers_for("acc")
     metrics = aime_metrics(answers)
-    k = metrics["k"]
     # math-verify: the same avg/pass over its verdicts; cons@k votes over the DAPO-normalised predictions and asks
     # math-verify whether the winner (the first answer carrying the most frequent prediction) is correct
     by_scorer = {s: (metrics if s == "dapo" else aime_metrics(answers_for(f"acc_{s}"))) for s in scorers}
     comparable = benchmark.comparable if benchmark is not None else "dapo"
     missing = sorted(r.row for r in rows if r.row not in records)
-    complete = not missing
+    k = metrics["k"]
     summary = {
-        "complete": complete,
+        "complete": not missing,
         "rows": len(rows),
         "answered": len(answers),
         "missing_rows": missing,
@@ -148,15 +147,7 @@ def summarize(
         "aime_score": None if not answers else round(100.0 * metrics[f"acc/mean@{k}"], 2),
         "per_problem": per_problem(answers),
         "response_length": length_stats(answers),
-        "this_run": {
-            "requests_sent": stats.sent,
-            "answers": stats.answered,
-            "retries": stats.retries,
-            "failed": len(stats.failed),
-            "wall_time_s": round(stats.wall_s, 2),
-            "completion_tokens": stats.completion_tokens,
-            "tokens_per_s": round(stats.completion_tokens / stats.wall_s, 2) if stats.wall_s > 0 else None,
-        },
+        "this_run": _run_stats(stats),
         "config": {
             **{k_: v for k_, v in dataclasses.asdict(cfg).items() if k_ != "api_key"},
             "test_file": str(test_file),
@@ -164,7 +155,30 @@ def summarize(
         },
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    # results.parquet: all rows of the test file; unanswered rows have output None.
+    _write_results(df, rows, scored, scorers, out_dir)
+    summary = _clean(summary)
+    tmp = out_dir / (SUMMARY + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, out_dir / SUMMARY)
+    return summary
+
+
+def _run_stats(stats: RunStats) -> dict:
+    """What this run of the client did: requests, answers, retries, failures, time and tokens."""
+    return {
+        "requests_sent": stats.sent,
+        "answers": stats.answered,
+        "retries": stats.retries,
+        "failed": len(stats.failed),
+        "wall_time_s": round(stats.wall_s, 2),
+        "completion_tokens": stats.completion_tokens,
+        "tokens_per_s": round(stats.completion_tokens / stats.wall_s, 2) if stats.wall_s > 0 else None,
+    }
+
+
+def _write_results(df, rows: list[TestRow], scored: list, scorers: tuple[str, ...], out_dir: Path) -> None:
+    """``results.parquet``: every row of the test file with its answer (``output`` None when unanswered), ``res``
+    like the DAPO script, and per-row columns; written atomically."""
     res_by_row = {row.row: (rec, res) for row, rec, res in scored}
     df = df.copy()
     df["problem_id"] = [r.problem for r in rows]
@@ -179,11 +193,6 @@ def summarize(
     tmp = out_dir / (RESULTS + ".tmp")
     df.to_parquet(tmp)
     os.replace(tmp, out_dir / RESULTS)
-    summary = _clean(summary)
-    tmp = out_dir / (SUMMARY + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, out_dir / SUMMARY)
-    return summary
 
 
 def format_summary(summary: dict) -> str:

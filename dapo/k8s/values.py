@@ -15,13 +15,13 @@ from typing import Any
 import yaml
 
 from dapo.k8s.presets import ValuesError, effective_preset, merged_preset, model_repo, preset_chain
+from dapo.k8s.rules import check_deletion_rules
 from dapo.util.gofmt import go_string, q
 from dapo.k8s.versions import IMAGE_REPOSITORY, MAX_RAYJOB_NAME
 
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 PLACEMENT_KEYS = ("placement.nodes", "placement.gpus_per_node", "placement.backend", "trainer.nnodes",
                   "trainer.n_gpus_per_node")
-DELETION_ORDER = ("DeleteWorkers", "DeleteCluster", "DeleteSelf")
 TOKEN_ENV = ("HF_TOKEN", "WANDB_API_KEY")
 MANAGED_ENV = ("HF_HOME", "WANDB_ENTITY", "RAY_memory_monitor_refresh_ms", "NVIDIA_VISIBLE_DEVICES")
 SELECTOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component")
@@ -150,8 +150,24 @@ def check_verl_on_cpu(v: dict[str, Any]) -> None:
 
 
 def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) -> None:
-    """Raise :class:`ValuesError` for the first impossible combination, with the chart's message."""
-    v = values
+    """Raise :class:`ValuesError` for the first impossible combination, with the chart's message.
+
+    By concern, in the chart's order: the job names, the placement, the jobs' lifecycle and queue, the Ray pods'
+    resources, environment and labels, the head's QoS class, host network and storage, evaluation, the storage
+    class."""
+    _check_job_names(values, train_job_name, eval_job_name)
+    preset, pl = _check_placement(values)
+    _check_jobs(values)
+    _check_ray_resources(values)
+    _check_env_and_labels(values, preset)
+    _check_guaranteed_head(values)
+    _check_host_and_storage(values)
+    _check_eval(values, preset, pl)
+    _check_storage_class(values, pl)
+
+
+def _check_job_names(v: dict[str, Any], train_job_name: str, eval_job_name: str) -> None:
+    """Something to deploy, and RayJob names KubeRay accepts."""
     if not v["train"]["enabled"] and not v["eval"]["enabled"]:
         raise ValuesError("train.enabled: train.enabled and eval.enabled are both false; nothing to deploy")
     for kind, name in (("train", train_job_name), ("eval", eval_job_name)):
@@ -168,6 +184,10 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                 "'-', starting with a letter)"
             )
 
+
+def _check_placement(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The preset resolves, nodes and GPUs are possible, overrides leave the placement alone; returns the merged
+    preset and the placement."""
     preset_chain(v["preset"])  # the preset exists and its chain resolves
     preset = merged_preset(v["preset"])
     pl = placement(v, preset)
@@ -194,7 +214,11 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                 f"overrides: {q(o)} changes the placement; set the values nodes / gpusPerNode instead (the worker "
                 "group is sized from them)"
             )
+    return preset, pl
 
+
+def _check_jobs(v: dict[str, Any]) -> None:
+    """Each enabled job's lifecycle (shutdown, TTL, deletion rules) against KubeRay's rules and the queue."""
     for kind in ("train", "eval"):
         job = v[kind]
         if not job["enabled"]:
@@ -211,7 +235,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                     f"{kind}.deletionRules: mutually exclusive with {kind}.shutdownAfterJobFinishes: true (KubeRay "
                     "v1.7); set shutdownAfterJobFinishes: false and ttlSecondsAfterFinished: 0"
                 )
-            _check_deletion_rules(kind, rules)
+            check_deletion_rules(kind, rules)
         if v["queue"]["scheduler"] == "kueue" and not job["shutdownAfterJobFinishes"]:
             raise ValuesError(
                 f"queue.scheduler: kueue suspends RayJobs, which KubeRay allows only with "
@@ -230,6 +254,9 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     if v["queue"]["scheduler"] and not v["queue"]["name"]:
         raise ValuesError(f"queue.name: required when queue.scheduler is {q(v['queue']['scheduler'])}")
 
+
+def _check_ray_resources(v: dict[str, Any]) -> None:
+    """GPUs only on the workers, from gpusPerNode; nothing schedulable on the head; extraResources for devices."""
     for section in ("requests", "limits"):
         if "nvidia.com/gpu" in (v["head"]["resources"].get(section) or {}):
             raise ValuesError(
@@ -257,6 +284,9 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                 "worker.resources, GPUs come from gpusPerNode"
             )
 
+
+def _check_env_and_labels(v: dict[str, Any], preset: dict[str, Any]) -> None:
+    """Tokens only from the Secret; variables and selector labels the chart sets are not set twice."""
     for where, mapping in (("env", v["env"]), ("nccl", v["nccl"]), ("train.runtimeEnv", v["train"]["runtimeEnv"]),
                            ("eval.runtimeEnv", v["eval"]["runtimeEnv"])):
         for key in sorted(mapping):
@@ -277,6 +307,9 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     if hub_offline(v, preset) and "HF_HUB_OFFLINE" in v["env"]:
         raise ValuesError("env.HF_HUB_OFFLINE: set by the chart when dataPrep.fetchModel downloads the model; remove it here")
 
+
+def _check_guaranteed_head(v: dict[str, Any]) -> None:
+    """Every container of the Ray head with equal requests and limits (the Guaranteed QoS class)."""
     guaranteed = [("head.resources", v["head"]["resources"])]
     if v["dataPrep"]["enabled"]:
         guaranteed.append(("dataPrep.resources", v["dataPrep"]["resources"]))
@@ -293,6 +326,10 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                     "evicted"
                 )
 
+
+def _check_host_and_storage(v: dict[str, Any]) -> None:
+    """One worker per host with hostNetwork; data and HF cache under the mount; the volume as large as the run
+    needs (unless an existing claim is used)."""
     if v["hostNetwork"] and not v["worker"]["onePerHost"]:
         raise ValuesError(
             "worker.onePerHost: must be true with hostNetwork (two Ray workers on one host would collide on ports)"
@@ -311,6 +348,9 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
         if need["bytes"] is not None and sizing.parse_quantity(v["storage"]["size"]) < need["bytes"]:
             raise ValuesError(sizing.storage_message(v["preset"], v["storage"]["size"], need["summary"]))
 
+
+def _check_eval(v: dict[str, Any], preset: dict[str, Any], pl: dict[str, Any]) -> None:
+    """An evaluation has GPUs, a test file and a checkpoint directory."""
     if v["eval"]["enabled"]:
         if pl["evalGpus"] < 1:
             raise ValuesError(
@@ -325,6 +365,9 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
                 "eval.checkpointDir"
             )
 
+
+def _check_storage_class(v: dict[str, Any], pl: dict[str, Any]) -> None:
+    """A GPU run names a ReadWriteMany StorageClass (or an existing claim)."""
     gpu_run = (v["train"]["enabled"] and pl["backend"] != "local" and not pl["cpu"]) or v["eval"]["enabled"]
     if not v["storage"]["existingClaim"] and not v["storage"].get("storageClassName") and gpu_run:
         raise ValuesError(
@@ -338,32 +381,3 @@ def hub_offline(values: dict[str, Any], preset: dict[str, Any]) -> bool:
     """The chart's ``dapo.hubOffline``: the data preparation downloads the model, Ray pods run HF_HUB_OFFLINE=1."""
     d = values["dataPrep"]
     return bool(d["enabled"] and d.get("fetchModel") and model_repo(effective_preset(preset, values["overrides"])))
-
-
-def _check_deletion_rules(kind: str, rules: list[dict[str, Any]]) -> None:
-    seen: dict[str, int] = {}
-    conds: list[str] = []
-    for i, rule in enumerate(rules):
-        c = rule.get("condition") or {}
-        if ("jobStatus" in c) == ("jobDeploymentStatus" in c):
-            raise ValuesError(
-                f"{kind}.deletionRules[{i}].condition: set exactly one of jobStatus and jobDeploymentStatus"
-            )
-        cond = f"JobStatus {c['jobStatus']}" if "jobStatus" in c else f"JobDeploymentStatus {c['jobDeploymentStatus']}"
-        key = f"{cond}/{rule['policy']}"
-        if key in seen:
-            raise ValuesError(f"{kind}.deletionRules[{i}]: duplicate rule for policy {rule['policy']} and {cond}")
-        seen[key] = int(c.get("ttlSeconds") or 0)
-        conds.append(cond)
-    for i, rule in enumerate(rules):
-        policy = rule["policy"]
-        if policy not in DELETION_ORDER:
-            continue
-        ttl = int(rule["condition"].get("ttlSeconds") or 0)
-        for earlier in DELETION_ORDER[: DELETION_ORDER.index(policy)]:
-            k = f"{conds[i]}/{earlier}"
-            if k in seen and ttl < seen[k]:
-                raise ValuesError(
-                    f"{kind}.deletionRules[{i}]: for {conds[i]} the {policy} TTL ({ttl}) must be >= the {earlier} "
-                    f"TTL ({seen[k]})"
-                )

@@ -2,7 +2,8 @@
 
 :func:`make_plan` is a pure function ``(preset, gpu, nodes, ...) -> Plan`` built from the preset
 (``dapo.config.load_preset``, the single source of truth), the model and accelerator tables
-(:mod:`dapo.plan.models`), the step semantics (:mod:`dapo.plan.steps`) and stated :mod:`dapo.plan.assumptions`;
+(:mod:`dapo.plan.models`), the step semantics (:mod:`dapo.plan.steps`) and stated :mod:`dapo.plan.assumptions`,
+in parts: the shape checks (:mod:`dapo.plan.shape`), memory per GPU, tokens, time per rollout step and run length;
 :mod:`dapo.plan.report` prints it, :mod:`dapo.plan.cli` is ``dapo plan``. Library code: never imports the CLI,
 :mod:`dapo.plan.memory` or :mod:`dapo.k8s`.
 
@@ -31,20 +32,12 @@ from typing import Any, Optional
 
 from dapo.config import Preset, load_preset
 from dapo.plan.assumptions import Assumptions
-from dapo.plan.models import GPUS, GPU, Arch, PlanError, resolve_arch
-from dapo.plan.steps import KNOWN_DATASET_ROWS, PAPER_ROLLOUT_STEPS, carry_prompts_per_step, step_semantics
+from dapo.plan.models import GPU, Arch
+from dapo.plan.shape import Check, Checks, Run, check_shape, resolve_run
+from dapo.plan.steps import (KNOWN_DATASET_ROWS, PAPER_ROLLOUT_STEPS, StepSemantics, carry_prompts_per_step,
+                             step_semantics)
 
 GIB = 1024**3
-
-
-@dataclass
-class Check:
-    level: str  # "error" | "warning"
-    key: str  # the preset key (or plan input) to change
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.level.upper()} {self.key}: {self.message}"
 
 
 @dataclass
@@ -116,115 +109,66 @@ def make_plan(preset: Preset | str, gpu: Optional[str] = None, nodes: Optional[i
 
     ``dataset_rows`` / ``val_rows`` default to the known sizes of the files the preset names; ``total_rollout_steps``
     overrides the preset's ``total_training_steps`` / ``total_epochs``. Problems that stop the run are ``errors``.
+    Its parts, in order: the shape checks, memory per GPU, tokens, time per rollout step, run length (module doc).
     """
     if isinstance(preset, str):
         preset = load_preset(preset)
-    A = assumptions or Assumptions()
-    r, p = preset.recipe, preset.placement
-    if p.backend != "verl":
-        raise PlanError(f"preset {preset.name!r} runs on the {p.backend} backend (one process, no cluster); "
-                        "`dapo plan` sizes verl cluster runs -- try --preset smoke or full")
-    gpu_key = (gpu or p.accelerator).lower()
-    if gpu_key not in GPUS:
-        raise PlanError(f"unknown accelerator {gpu_key!r}; known: {', '.join(GPUS)}")
-    G = GPUS[gpu_key]
-    nodes = nodes or p.nodes
-    gpn = gpus_per_node or p.gpus_per_node
-    world = nodes * gpn
-    arch = resolve_arch(r.model.path, model_config)
-    par = p.parallel
-    tp, sp = par.rollout_tp, par.ulysses_sp
-    d, a = r.data, r.actor
-    checks: list[Check] = []
+    s = resolve_run(preset, gpu, nodes, gpus_per_node, model_config, assumptions or Assumptions())
+    checks = Checks()
+    check_shape(s, checks)
+    memory = _memory(s, checks)
+    sem, tokens = _tokens(s, dataset_rows, checks)
+    time_s = _step_time(s, sem, tokens, memory, val_rows)
+    steps, totals = _run_length(s, sem, time_s, total_rollout_steps, checks)
+    samplers = _samplers(s, sem, memory, time_s, steps["total_rollout_steps"])
+    if time_s["generation_tail_bound"] and s.world > 8:
+        checks.warn("placement.nodes", f"generation is bound by the longest response ({s.tail} tokens) at this size: "
+                                       "more GPUs will not shorten it")
+    return Plan(preset=preset.name, model=s.arch.name, gpu=s.gpu_key, gpu_name=s.G.name, nodes=s.nodes,
+                gpus_per_node=s.gpn, world=s.world, params=s.arch.params, memory_gib=memory, tokens=tokens,
+                time_s=time_s, steps=steps, totals=totals,
+                assumptions=s.A.describe() | {"mean_response_len": s.R, "tail_response_len": s.tail},
+                checks=list(checks), samplers=samplers)
 
-    def err(key: str, msg: str) -> None:
-        checks.append(Check("error", key, msg))
 
-    def warn(key: str, msg: str) -> None:
-        checks.append(Check("warning", key, msg))
+def _train_memory(s: Run, states: dict[str, float], tokens_per_gpu: float) -> dict[str, float]:
+    """Bytes per GPU during the update with ``tokens_per_gpu`` tokens in a micro-batch."""
+    arch = s.arch
+    h, I, kvd = arch.hidden_size, arch.intermediate_size, arch.kv_dim
+    gather = 2.0 * (2 * arch.layer_params + 2 * arch.embedding_params)  # bf16 all-gather of 2 layers + root unit
+    layer_act = tokens_per_gpu * 2.0 * (7 * h + 2 * kvd + 4 * I)  # bf16 tensors saved by one decoder layer
+    if s.preset.recipe.model.enable_gradient_checkpointing:
+        activations = tokens_per_gpu * 2.0 * h * arch.num_layers + layer_act
+    else:
+        activations = layer_act * arch.num_layers
+    # bf16 logits + their gradient (fused cross-entropy: no fp32 copy of the logits)
+    logits = tokens_per_gpu * arch.vocab_size * 4.0
+    mem = {**states, "fsdp_gather": gather, "activations": activations, "logits": logits}
+    mem["total"] = sum(mem.values()) + s.A.cuda_context_gib * GIB
+    mem["tokens_per_gpu"] = tokens_per_gpu * GIB  # (divided by GIB below like the rest)
+    return mem
 
-    # ---------------------------------------------------------------- divisibility / shape checks
-    max_seq = d.max_prompt_length + d.max_response_length
-    max_pos = int(r.model.override_config.get("max_position_embeddings", arch.max_position_embeddings))
-    if max_seq > max_pos:
-        err("recipe.model.override_config.max_position_embeddings",
-            f"prompt + response = {max_seq} tokens exceed the model's max_position_embeddings {max_pos}")
-    if gpn % tp or world % tp:
-        err("placement.parallel.rollout_tp", f"{tp} must divide gpus_per_node ({gpn}): a vLLM engine stays in a node")
-    if arch.num_heads % tp:
-        err("placement.parallel.rollout_tp", f"{tp} must divide the {arch.num_heads} attention heads")
-    if arch.num_kv_heads % tp and tp % arch.num_kv_heads:
-        err("placement.parallel.rollout_tp", f"{tp} and the {arch.num_kv_heads} KV heads must divide one another")
-    if world % sp:
-        err("placement.parallel.ulysses_sp", f"{sp} must divide the {world} GPUs")
-    if arch.num_heads % sp:
-        err("placement.parallel.ulysses_sp", f"{sp} must divide the {arch.num_heads} attention heads (Ulysses "
-                                             "splits heads)")
-    if arch.num_kv_heads % sp and sp % arch.num_kv_heads:
-        err("placement.parallel.ulysses_sp", f"{sp} and the {arch.num_kv_heads} KV heads must divide one another")
-    dp = max(1, world // sp)
-    mini_seqs = a.ppo_mini_batch_size * r.rollout.n
-    if mini_seqs % dp:
-        err("recipe.actor.ppo_mini_batch_size",
-            f"ppo_mini_batch_size x n = {mini_seqs} sequences must split evenly over {dp} data-parallel ranks "
-            f"(GPUs / ulysses_sp); verl floors the per-rank share and the update changes")
-    if (d.train_batch_size * r.rollout.n) % world:
-        (warn if par.use_dynamic_bsz else err)(
-            "recipe.data.train_batch_size",
-            f"train_batch_size x n = {d.train_batch_size * r.rollout.n} is not a multiple of the {world} GPUs")
-    gen_bs = d.gen_batch_size or d.train_batch_size
-    if (gen_bs * r.rollout.n) % world:
-        warn("recipe.data.gen_batch_size", f"gen_batch_size x n = {gen_bs * r.rollout.n} does not split evenly over "
-                                           f"{world} GPUs (verl pads the batch)")
-    if par.use_dynamic_bsz and par.ppo_max_token_len_per_gpu * sp < max_seq:
-        err("placement.parallel.ppo_max_token_len_per_gpu",
-            f"{par.ppo_max_token_len_per_gpu} x ulysses_sp {sp} < prompt + response ({max_seq}): a max-length "
-            "sequence does not fit a micro-batch")
-    if not par.enable_chunked_prefill and par.max_num_batched_tokens < max_seq:
-        err("placement.parallel.max_num_batched_tokens",
-            f"{par.max_num_batched_tokens} < prompt + response ({max_seq}) with chunked prefill off (vLLM refuses)")
-    if not r.filter_groups.enable and gen_bs != d.train_batch_size:
-        warn("recipe.data.gen_batch_size", f"{gen_bs} != train_batch_size {d.train_batch_size} without dynamic "
-                                           "sampling: every generated prompt is trained on")
 
-    # ---------------------------------------------------------------- memory per GPU
-    N = arch.params
-    shards = par.fsdp_size if par.fsdp_size > 0 else world
-    if par.fsdp_size > 0 and world % par.fsdp_size:
-        err("placement.parallel.fsdp_size", f"{par.fsdp_size} must divide the {world} GPUs")
+def _memory(s: Run, checks: Checks) -> dict[str, dict[str, float]]:
+    """GiB per GPU in the update (at the assumed lengths and at the token budget) and in the rollout."""
+    par, G, A, tp, max_seq = s.preset.placement.parallel, s.G, s.A, s.tp, s.max_seq
+    N = s.arch.params
+    shards = par.fsdp_size if par.fsdp_size > 0 else s.world
+    if par.fsdp_size > 0 and s.world % par.fsdp_size:
+        checks.err("placement.parallel.fsdp_size", f"{par.fsdp_size} must divide the {s.world} GPUs")
     # fp32 master weights, fp32 gradients, Adam m and v, sharded over the FSDP group; during the update they are all
     # on the GPU (offload moves them to host memory between phases, not during it)
     states = {"params_fp32": 4.0 * N / shards, "grads_fp32": 4.0 * N / shards, "adam_fp32": 8.0 * N / shards}
-    gather = 2.0 * (2 * arch.layer_params + 2 * arch.embedding_params)  # bf16 all-gather of 2 layers + root unit
-    P = min(A.mean_prompt_len, d.max_prompt_length)
-    R = min(A.resolved_response_len(d.max_response_length), d.max_response_length)
-    tail = min(A.tail_response_len or d.max_response_length, d.max_response_length)
-    dp = max(1, world // sp)
     if par.use_dynamic_bsz:
         budget_tokens = float(par.ppo_max_token_len_per_gpu)
     else:
-        budget_tokens = par.ppo_micro_batch_size_per_gpu * max_seq / sp
+        budget_tokens = par.ppo_micro_batch_size_per_gpu * max_seq / s.sp
     # what a micro-batch holds at the assumed lengths: a rank's share of a mini-batch (at least the longest
     # sequence), split over its Ulysses group, capped by the token budget
-    share = max(mini_seqs / dp * (P + R), P + tail) / sp
+    share = max(s.mini_seqs / s.dp * (s.P + s.R), s.P + s.tail) / s.sp
     expected_tokens = min(budget_tokens, share)
-    h, I, kvd = arch.hidden_size, arch.intermediate_size, arch.kv_dim
-
-    def train_memory(tokens_per_gpu: float) -> dict[str, float]:
-        layer_act = tokens_per_gpu * 2.0 * (7 * h + 2 * kvd + 4 * I)  # bf16 tensors saved by one decoder layer
-        if r.model.enable_gradient_checkpointing:
-            activations = tokens_per_gpu * 2.0 * h * arch.num_layers + layer_act
-        else:
-            activations = layer_act * arch.num_layers
-        # bf16 logits + their gradient (fused cross-entropy: no fp32 copy of the logits)
-        logits = tokens_per_gpu * arch.vocab_size * 4.0
-        mem = {**states, "fsdp_gather": gather, "activations": activations, "logits": logits}
-        mem["total"] = sum(mem.values()) + A.cuda_context_gib * GIB
-        mem["tokens_per_gpu"] = tokens_per_gpu * GIB  # (divided by GIB below like the rest)
-        return mem
-
-    train_mem = train_memory(expected_tokens)
-    train_worst = train_memory(budget_tokens)
+    train_mem = _train_memory(s, states, expected_tokens)
+    train_worst = _train_memory(s, states, budget_tokens)
     train_total = train_mem["total"]
     # rollout: vLLM's budget (gpu_memory_utilization x memory) + FSDP state that stays resident while it runs
     budget = par.gpu_memory_utilization * G.memory_gib * GIB
@@ -233,28 +177,30 @@ def make_plan(preset: Preset | str, gpu: Optional[str] = None, nodes: Optional[i
     resident = (0.0 if par.param_offload else states["params_fp32"]) + \
                (0.0 if par.optimizer_offload else states["adam_fp32"])
     rollout_total = budget + resident + A.cuda_context_gib * GIB
-    kv_tokens_per_engine = max(0.0, kv) * tp / arch.kv_bytes_per_token()
+    kv_tokens_per_engine = max(0.0, kv) * tp / s.arch.kv_bytes_per_token()
     if train_total > G.memory_gib * GIB:
-        err("placement.parallel.ppo_max_token_len_per_gpu",
-            f"training needs ~{train_total / GIB:.1f} GiB per GPU > {G.memory_gib} GiB at the assumed lengths "
-            f"({expected_tokens:,.0f} tokens per GPU per micro-batch): lower the token budget, raise ulysses_sp, "
-            "enable gradient checkpointing, or shard over more GPUs (fsdp_size / nodes)")
+        checks.err("placement.parallel.ppo_max_token_len_per_gpu",
+                   f"training needs ~{train_total / GIB:.1f} GiB per GPU > {G.memory_gib} GiB at the assumed lengths "
+                   f"({expected_tokens:,.0f} tokens per GPU per micro-batch): lower the token budget, raise "
+                   "ulysses_sp, enable gradient checkpointing, or shard over more GPUs (fsdp_size / nodes)")
     elif train_worst["total"] > G.memory_gib * GIB:
-        warn("placement.parallel.ppo_max_token_len_per_gpu",
-             f"a micro-batch filled to the {budget_tokens:,.0f}-token budget needs ~{train_worst['total'] / GIB:.1f}"
-             f" GiB per GPU > {G.memory_gib} GiB: fine at the assumed lengths, OOM risk as responses grow")
+        checks.warn("placement.parallel.ppo_max_token_len_per_gpu",
+                    f"a micro-batch filled to the {budget_tokens:,.0f}-token budget needs "
+                    f"~{train_worst['total'] / GIB:.1f} GiB per GPU > {G.memory_gib} GiB: fine at the assumed "
+                    "lengths, OOM risk as responses grow")
     if kv <= 0 or kv_tokens_per_engine < max_seq:
-        err("placement.parallel.gpu_memory_utilization",
-            f"vLLM's KV cache ({max(kv, 0) / GIB:.1f} GiB per GPU after {weights / GIB:.1f} GiB of weights at "
-            f"rollout_tp {tp}) cannot hold one {max_seq}-token sequence: raise gpu_memory_utilization or rollout_tp")
+        checks.err("placement.parallel.gpu_memory_utilization",
+                   f"vLLM's KV cache ({max(kv, 0) / GIB:.1f} GiB per GPU after {weights / GIB:.1f} GiB of weights at "
+                   f"rollout_tp {tp}) cannot hold one {max_seq}-token sequence: raise gpu_memory_utilization or "
+                   "rollout_tp")
     if rollout_total > G.memory_gib * GIB:
-        err("placement.parallel.gpu_memory_utilization",
-            f"vLLM budget {par.gpu_memory_utilization} x {G.memory_gib} GiB + {resident / GIB:.1f} GiB of FSDP "
-            f"state resident during rollout > {G.memory_gib} GiB: lower gpu_memory_utilization or turn on "
-            "param_offload / optimizer_offload")
-    host_per_node = gpn * ((states["params_fp32"] if par.param_offload else 0.0) +
-                           (states["adam_fp32"] if par.optimizer_offload else 0.0))
-    memory = {
+        checks.err("placement.parallel.gpu_memory_utilization",
+                   f"vLLM budget {par.gpu_memory_utilization} x {G.memory_gib} GiB + {resident / GIB:.1f} GiB of FSDP "
+                   f"state resident during rollout > {G.memory_gib} GiB: lower gpu_memory_utilization or turn on "
+                   "param_offload / optimizer_offload")
+    host_per_node = s.gpn * ((states["params_fp32"] if par.param_offload else 0.0) +
+                             (states["adam_fp32"] if par.optimizer_offload else 0.0))
+    return {
         "train": {k: v / GIB for k, v in train_mem.items()},
         "train_at_budget": {k: v / GIB for k, v in train_worst.items()},
         "rollout": {"vllm_budget": budget / GIB, "weights": weights / GIB, "kv_cache": max(kv, 0) / GIB,
@@ -265,74 +211,87 @@ def make_plan(preset: Preset | str, gpu: Optional[str] = None, nodes: Optional[i
         "gpu_memory": {"total": G.memory_gib},
     }
 
-    # ---------------------------------------------------------------- tokens
-    sem = step_semantics(preset, dataset_rows if dataset_rows is not None else
+
+def _tokens(s: Run, dataset_rows: Optional[int], checks: Checks) -> tuple[StepSemantics, dict[str, float]]:
+    """The step semantics (:mod:`dapo.plan.steps`) and the prompts, responses and tokens of one rollout step."""
+    r, A, P, R = s.preset.recipe, s.A, s.P, s.R
+    d, fg = r.data, r.filter_groups
+    sem = step_semantics(s.preset, dataset_rows if dataset_rows is not None else
                          KNOWN_DATASET_ROWS.get(Path(d.train_files[0]).name) if d.train_files else None, A.keep_rate)
-    if r.filter_groups.enable and r.filter_groups.max_num_gen_batches > 0 and \
-            sem.gen_rounds_per_step > r.filter_groups.max_num_gen_batches:
-        err("recipe.filter_groups.max_num_gen_batches",
-            f"at a keep rate of {A.keep_rate:.0%} a step needs {sem.gen_rounds_per_step} generation rounds > "
-            f"{r.filter_groups.max_num_gen_batches}: the sampler would raise")
+    if fg.enable and fg.max_num_gen_batches > 0 and sem.gen_rounds_per_step > fg.max_num_gen_batches:
+        checks.err("recipe.filter_groups.max_num_gen_batches",
+                   f"at a keep rate of {A.keep_rate:.0%} a step needs {sem.gen_rounds_per_step} generation rounds > "
+                   f"{fg.max_num_gen_batches}: the sampler would raise")
     n = r.rollout.n
-    gen_prompts = sem.gen_rounds_per_step * gen_bs
-    if r.filter_groups.enable and r.filter_groups.mode == "carry":
+    gen_prompts = sem.gen_rounds_per_step * s.gen_bs
+    if fg.enable and fg.mode == "carry":
         gen_prompts = carry_prompts_per_step(sem.prompts_trained_per_step, A.keep_rate)
     gen_seqs = gen_prompts * n
     train_seqs = sem.prompts_trained_per_step * n
-    e_sq = (P + R) ** 2 + (A.length_cv * R) ** 2
-    tokens = {
-        "mean_prompt": P, "mean_response": R, "tail_response": tail,
+    return sem, {
+        "mean_prompt": P, "mean_response": R, "tail_response": s.tail,
         "prompts_generated": gen_prompts, "responses_generated": gen_seqs, "generated_tokens": gen_seqs * R,
         "sequences_trained": train_seqs, "trained_tokens": train_seqs * (P + R),
         "overgeneration": sem.overgeneration,
     }
 
-    # ---------------------------------------------------------------- time per rollout step
-    engines = world // tp if tp and world % tp == 0 else max(1, world // max(tp, 1))
-    g = _gen_time(arch, G, tp, engines, gen_seqs, P, R, tail, kv_tokens_per_engine, A)
-    peak = G.flops * A.train_mfu
+
+def _step_time(s: Run, sem: StepSemantics, tokens: dict[str, float], memory: dict[str, dict[str, float]],
+               val_rows: Optional[int]) -> dict[str, float]:
+    """Seconds per rollout step by phase, and validation and checkpoints amortised per step (module doc)."""
+    r, A, arch, P, R, tail = s.preset.recipe, s.A, s.arch, s.P, s.R, s.tail
+    kv_tokens_per_engine = memory["rollout"]["kv_tokens_per_engine"]
+    g = _gen_time(arch, s.G, s.tp, s.engines, tokens["responses_generated"], P, R, tail, kv_tokens_per_engine, A)
+    peak = s.G.flops * A.train_mfu
     tail_seq = P + tail
+    e_sq = (P + R) ** 2 + (A.length_cv * R) ** 2
 
     def phase(seqs: float, mult: float) -> float:
         """Seconds for ``mult`` x forward over ``seqs`` sequences; a DP rank holds at least the longest one."""
-        load_tok = max(seqs * (P + R) / dp, tail_seq)
-        load_sq = max(seqs * e_sq / dp, tail_seq**2)
-        return mult * arch.fwd_flops(load_tok, load_sq) / (sp * peak)
+        load_tok = max(seqs * (P + R) / s.dp, tail_seq)
+        load_sq = max(seqs * e_sq / s.dp, tail_seq**2)
+        return mult * arch.fwd_flops(load_tok, load_sq) / (s.sp * peak)
 
+    train_seqs = tokens["sequences_trained"]
     old_lp = phase(train_seqs, 1.0)
     use_ref = r.actor.use_kl_loss or r.algorithm.use_kl_in_reward
     ref = phase(train_seqs, 1.0) if use_ref else 0.0
     upd_mult = 3.0 + (1.0 if r.model.enable_gradient_checkpointing else 0.0)
-    n_mini = sem.prompts_trained_per_step // a.ppo_mini_batch_size
-    update = n_mini * a.ppo_epochs * phase(mini_seqs, upd_mult)
+    n_mini = sem.prompts_trained_per_step // r.actor.ppo_mini_batch_size
+    update = n_mini * r.actor.ppo_epochs * phase(s.mini_seqs, upd_mult)
     step = g["seconds"] + old_lp + ref + update + A.step_overhead_s
+    d = r.data
     vrows = val_rows if val_rows is not None else (
         KNOWN_DATASET_ROWS.get(Path(d.val_files[0]).name, 0) if d.val_files else 0)
-    val = _gen_time(arch, G, tp, engines, vrows * r.rollout.val.n, P, R, tail, kv_tokens_per_engine, A)["seconds"] \
-        if vrows else 0.0
-    ckpt = 12.0 * N / (A.storage_gbps * 1e9)  # fp32 params + Adam moments, all ranks
+    val = _gen_time(arch, s.G, s.tp, s.engines, vrows * r.rollout.val.n, P, R, tail, kv_tokens_per_engine,
+                    A)["seconds"] if vrows else 0.0
+    ckpt = 12.0 * arch.params / (A.storage_gbps * 1e9)  # fp32 params + Adam moments, all ranks
     tf, sf = r.trainer.test_freq, r.trainer.save_freq
     val_amort = val / tf if tf > 0 else 0.0
     ckpt_amort = ckpt / sf if sf > 0 else 0.0
-    wall = step + val_amort + ckpt_amort
-    time_s = {
+    return {
         "generation": g["seconds"], "old_log_prob": old_lp, "ref_log_prob": ref, "update": update,
         "overhead": A.step_overhead_s, "step": step, "validation": val, "validation_per_step": val_amort,
-        "checkpoint": ckpt, "checkpoint_per_step": ckpt_amort, "wall_per_step": wall,
+        "checkpoint": ckpt, "checkpoint_per_step": ckpt_amort, "wall_per_step": step + val_amort + ckpt_amort,
         "generation_tail_bound": g["tail_bound"], "decode_concurrency": g["concurrency"],
     }
 
-    # ---------------------------------------------------------------- run length
+
+def _run_length(s: Run, sem: StepSemantics, time_s: dict[str, float], total_rollout_steps: Optional[int],
+                 checks: Checks) -> tuple[dict[str, Any], dict[str, Optional[float]]]:
+    """Rollout and gradient steps of the whole run (and where the number comes from), hours and GPU-hours."""
+    t = s.preset.recipe.trainer
+    wall, world = time_s["wall_per_step"], s.world
     if total_rollout_steps is not None:
         total, source = total_rollout_steps, "--steps"
-    elif r.trainer.total_training_steps is not None:
-        total, source = r.trainer.total_training_steps, "recipe.trainer.total_training_steps"
+    elif t.total_training_steps is not None:
+        total, source = t.total_training_steps, "recipe.trainer.total_training_steps"
     elif sem.rollout_steps_per_epoch is not None:
-        total = sem.rollout_steps_per_epoch * r.trainer.total_epochs
-        source = f"recipe.trainer.total_epochs={r.trainer.total_epochs} over {sem.dataset_rows:,} rows"
+        total = sem.rollout_steps_per_epoch * t.total_epochs
+        source = f"recipe.trainer.total_epochs={t.total_epochs} over {sem.dataset_rows:,} rows"
     else:
         total, source = None, "unknown: pass --dataset-rows or --steps"
-        warn("recipe.trainer.total_training_steps", "unset and the dataset size is unknown: pass --dataset-rows N")
+        checks.warn("recipe.trainer.total_training_steps", "unset and the dataset size is unknown: pass --dataset-rows N")
     steps = {
         **dataclasses.asdict(sem),
         "overgeneration": sem.overgeneration,
@@ -340,37 +299,39 @@ def make_plan(preset: Preset | str, gpu: Optional[str] = None, nodes: Optional[i
         "total_gradient_steps": None if total is None else total * sem.gradient_steps_per_rollout_step,
         "total_source": source,
         "paper_rollout_steps": PAPER_ROLLOUT_STEPS,
-        "sampler_mode": r.filter_groups.mode,
+        "sampler_mode": s.preset.recipe.filter_groups.mode,
     }
-    hours = None if total is None else (total * wall + (val if r.trainer.val_before_train else 0.0)) / 3600
+    hours = None if total is None else (total * wall + (time_s["validation"] if t.val_before_train else 0.0)) / 3600
     totals = {"hours": hours, "days": None if hours is None else hours / 24,
               "gpu_hours": None if hours is None else hours * world,
               "gpu_hours_per_rollout_step": wall * world / 3600}
+    if total is not None and t.total_training_steps is None and total_rollout_steps is None \
+            and total > 2 * PAPER_ROLLOUT_STEPS:
+        checks.warn("recipe.trainer.total_training_steps",
+                    f"unset: {source} = {total:,} rollout steps ({hours / 24:,.0f} days here). The paper stopped near "
+                    f"{PAPER_ROLLOUT_STEPS} rollout steps (~{PAPER_ROLLOUT_STEPS * sem.gradient_steps_per_rollout_step:,} "
+                    "gradient steps); the hub file repeats each prompt ~100x -- set total_training_steps or train on "
+                    "the de-duplicated file (dapo data prepare --dedup)")
+    return steps, totals
+
+
+def _samplers(s: Run, sem: StepSemantics, memory: dict[str, dict[str, float]], time_s: dict[str, float],
+              total: Optional[int]) -> dict[str, dict[str, Any]]:
+    """The step with the reference sampler and with the carry sampler (the same training, other generation)."""
+    r, A, t = s.preset.recipe, s.A, s.preset.recipe.trainer
+    n, val = r.rollout.n, time_s["validation"]
+    kv_tokens_per_engine = memory["rollout"]["kv_tokens_per_engine"]
     samplers: dict[str, dict[str, Any]] = {}
     for mode in ("reference", "carry"):
-        m_prompts = sem.gen_rounds_per_step * gen_bs
+        m_prompts = sem.gen_rounds_per_step * s.gen_bs
         if mode == "carry" and r.filter_groups.enable:
             m_prompts = carry_prompts_per_step(sem.prompts_trained_per_step, A.keep_rate)
-        m_gen = _gen_time(arch, G, tp, engines, m_prompts * n, P, R, tail, kv_tokens_per_engine, A)["seconds"]
-        m_step = m_gen + old_lp + ref + update + A.step_overhead_s
-        m_wall = m_step + val_amort + ckpt_amort
-        m_hours = None if total is None else (total * m_wall + (val if r.trainer.val_before_train else 0.0)) / 3600
+        m_gen = _gen_time(s.arch, s.G, s.tp, s.engines, m_prompts * n, s.P, s.R, s.tail, kv_tokens_per_engine,
+                          A)["seconds"]
+        m_step = m_gen + time_s["old_log_prob"] + time_s["ref_log_prob"] + time_s["update"] + A.step_overhead_s
+        m_wall = m_step + time_s["validation_per_step"] + time_s["checkpoint_per_step"]
+        m_hours = None if total is None else (total * m_wall + (val if t.val_before_train else 0.0)) / 3600
         samplers[mode] = {"prompts_generated": m_prompts, "responses_generated": m_prompts * n,
-                          "gen_batches_per_step": m_prompts / gen_bs, "generation_s": m_gen, "step_s": m_step,
-                          "wall_per_step_s": m_wall, "gpu_hours": None if m_hours is None else m_hours * world}
-    if total is not None and r.trainer.total_training_steps is None and total_rollout_steps is None \
-            and total > 2 * PAPER_ROLLOUT_STEPS:
-        warn("recipe.trainer.total_training_steps",
-             f"unset: {source} = {total:,} rollout steps ({hours / 24:,.0f} days here). The paper stopped near "
-             f"{PAPER_ROLLOUT_STEPS} rollout steps (~{PAPER_ROLLOUT_STEPS * sem.gradient_steps_per_rollout_step:,} "
-             "gradient steps); the hub file repeats each prompt ~100x -- set total_training_steps or train on "
-             "the de-duplicated file (dapo data prepare --dedup)")
-    if time_s["generation_tail_bound"] and world > 8:
-        warn("placement.nodes", f"generation is bound by the longest response ({tail} tokens) at this size: more "
-                                "GPUs will not shorten it")
-
-    return Plan(preset=preset.name, model=arch.name, gpu=gpu_key, gpu_name=G.name, nodes=nodes, gpus_per_node=gpn,
-                world=world, params=N, memory_gib=memory, tokens=tokens, time_s=time_s, steps=steps, totals=totals,
-                assumptions=A.describe() | {"mean_response_len": R, "tail_response_len": tail}, checks=checks,
-                samplers=samplers)
-
+                          "gen_batches_per_step": m_prompts / s.gen_bs, "generation_s": m_gen, "step_s": m_step,
+                          "wall_per_step_s": m_wall, "gpu_hours": None if m_hours is None else m_hours * s.world}
+    return samplers

@@ -131,39 +131,58 @@ def leaf_keys(cls: type = Preset, prefix: str = "") -> list[str]:
     return out
 
 
-def translate(preset: Preset) -> Translation:
-    """The reference command's Hydra arguments for a (validated) preset. Raises :class:`ReferenceError`."""
-    r, p = preset.recipe, preset.placement
-    par = p.parallel
-    a, m, d, ro, fg, t = r.actor, r.model, r.data, r.rollout, r.filter_groups, r.trainer
-    out = Translation(preset.name)
+class _Writer:
+    """Writes a preset into a :class:`Translation`, each key handled one way (module docstring): passed (``put``;
+    ``put_if_not_default`` for keys the scripts leave at the commit's default), refused unless the preset asks for
+    what the reference stack fixes (``fixed``), or not passed, with the reason (``not_passed``)."""
 
-    def put(key: str, value: Any, source: str, append: bool = False) -> None:
+    def __init__(self, preset: Preset):
+        self.preset = preset
+        self.out = Translation(preset.name)
+
+    def put(self, key: str, value: Any, source: str, append: bool = False) -> None:
         arg = Arg(key, value, source, append)
         arg.text()  # refuses a value that cannot be passed, naming the preset key
-        out.args.append(arg)
-        out.handled.add(source)
+        self.out.args.append(arg)
+        self.out.handled.add(source)
 
-    def put_if_not_default(key: str, value: Any, source: str) -> None:
+    def put_if_not_default(self, key: str, value: Any, source: str) -> None:
         default, in_yaml = REFERENCE_DEFAULTS[key]
         if _norm(value) != _norm(default):
-            put(key, value, source, append=not in_yaml)
+            self.put(key, value, source, append=not in_yaml)
         else:
-            out.handled.add(source)
+            self.out.handled.add(source)
 
-    def refuse(key: str, message: str) -> None:
-        raise ReferenceError(f"{key}: {message} (preset {preset.name!r}; verl {REFERENCE_COMMIT[:7]}'s DAPO recipe)")
-
-    def fixed(key: str, ok: bool, message: str) -> None:
+    def fixed(self, key: str, ok: bool, message: str) -> None:
         if not ok:
-            refuse(key, message)
-        out.handled.add(key)
+            raise ReferenceError(f"{key}: {message} (preset {self.preset.name!r}; verl {REFERENCE_COMMIT[:7]}'s DAPO "
+                                 "recipe)")
+        self.out.handled.add(key)
 
-    def not_passed(key: str, value: Any, why: str) -> None:
-        out.not_passed.append((key, value, why))
-        out.handled.add(key)
+    def not_passed(self, key: str, value: Any, why: str) -> None:
+        self.out.not_passed.append((key, value, why))
+        self.out.handled.add(key)
 
-    # -- what the reference stack fixes: refused unless the preset asks for that behaviour ----------------------
+
+def translate(preset: Preset) -> Translation:
+    """The reference command's Hydra arguments for a (validated) preset. Raises :class:`ReferenceError`.
+
+    In order: what the reference stack fixes, the reference scripts' arguments in their order, the keys the scripts
+    leave at the commit's default, our stack's settings."""
+    w = _Writer(preset)
+    _what_the_reference_fixes(w, preset)
+    _data_algorithm_and_actor_arguments(w, preset)
+    _rollout_reward_and_trainer_arguments(w, preset)
+    _arguments_at_default(w, preset)
+    _our_settings(w, preset)
+    return w.out
+
+
+def _what_the_reference_fixes(w: _Writer, preset: Preset) -> None:
+    """Refused unless the preset asks for the behaviour the reference stack has."""
+    r, p = preset.recipe, preset.placement
+    a, m, fg, t = r.actor, r.model, r.filter_groups, r.trainer
+    fixed = w.fixed
     fixed("placement.backend", p.backend == "verl",
           f"is {p.backend!r}; the reference recipe runs only on verl worker groups (placement.backend: verl)")
     fixed("placement.accelerator", p.accelerator != "cpu",
@@ -187,7 +206,12 @@ def translate(preset: Preset) -> Translation:
     fixed("recipe.trainer.health.stop_on", not t.health.stop_on,
           f"{list(t.health.stop_on)} would stop the run on a health guard; the reference trainer has none")
 
-    # -- the reference scripts' arguments, in their order --------------------------------------------------------
+
+def _data_algorithm_and_actor_arguments(w: _Writer, preset: Preset) -> None:
+    """The reference scripts' arguments, in their order: data, advantage, KL, clipping, dynamic sampling, the actor."""
+    r, par = preset.recipe, preset.placement.parallel
+    a, m, d, ro, fg = r.actor, r.model, r.data, r.rollout, r.filter_groups
+    put, not_passed = w.put, w.not_passed
     put("data.train_files", _files(d.train_files), "recipe.data.train_files")
     put("data.val_files", _files(d.val_files), "recipe.data.val_files")
     put("data.prompt_key", d.prompt_key, "recipe.data.prompt_key")
@@ -241,6 +265,13 @@ def translate(preset: Preset) -> Translation:
     put("actor_rollout_ref.actor.grad_clip", a.optim.clip_grad, "recipe.actor.optim.clip_grad")
     put("actor_rollout_ref.actor.loss_agg_mode", a.loss_agg_mode, "recipe.actor.loss_agg_mode")
     put("actor_rollout_ref.actor.ulysses_sequence_parallel_size", par.ulysses_sp, "placement.parallel.ulysses_sp")
+
+
+def _rollout_reward_and_trainer_arguments(w: _Writer, preset: Preset) -> None:
+    """The reference scripts' arguments, in their order: the rollout, the reference policy, reward, trainer."""
+    r, p = preset.recipe, preset.placement
+    par, ro, t = p.parallel, r.rollout, r.trainer
+    put = w.put
     put("actor_rollout_ref.rollout.gpu_memory_utilization", par.gpu_memory_utilization,
         "placement.parallel.gpu_memory_utilization")
     put("actor_rollout_ref.rollout.tensor_model_parallel_size", par.rollout_tp, "placement.parallel.rollout_tp")
@@ -275,7 +306,12 @@ def translate(preset: Preset) -> Translation:
     put("trainer.default_local_dir", _resolve_trainer(t.default_local_dir, t), "recipe.trainer.default_local_dir")
     put("trainer.resume_mode", t.resume_mode, "recipe.trainer.resume_mode")
 
-    # -- keys the scripts leave at the commit's default: written only when the preset differs ----------------------
+
+def _arguments_at_default(w: _Writer, preset: Preset) -> None:
+    """Keys the scripts leave at the commit's default: written only when the preset differs."""
+    r, par = preset.recipe, preset.placement.parallel
+    a, m, d, t = r.actor, r.model, r.data, r.trainer
+    put, put_if_not_default, not_passed = w.put, w.put_if_not_default, w.not_passed
     put_if_not_default("data.shuffle", d.shuffle, "recipe.data.shuffle")
     put_if_not_default("data.seed", t.seed, "recipe.trainer.seed")
     put_if_not_default("actor_rollout_ref.actor.ppo_epochs", a.ppo_epochs, "recipe.actor.ppo_epochs")
@@ -287,7 +323,7 @@ def translate(preset: Preset) -> Translation:
     put_if_not_default("trainer.max_actor_ckpt_to_keep", t.max_ckpt_to_keep, "recipe.trainer.max_ckpt_to_keep")
     for k, v in sorted(m.override_config.items()):  # an empty mapping in dapo_trainer.yaml: '+' adds a key
         put(f"actor_rollout_ref.model.override_config.{k}", v, f"recipe.model.override_config.{k}", append=True)
-    out.handled.add("recipe.model.override_config")
+    w.out.handled.add("recipe.model.override_config")
     if par.use_dynamic_bsz:
         not_passed("placement.parallel.ppo_micro_batch_size_per_gpu", par.ppo_micro_batch_size_per_gpu,
                    "not read with dynamic batch sizes (placement.parallel.use_dynamic_bsz: true)")
@@ -298,7 +334,12 @@ def translate(preset: Preset) -> Translation:
                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"):
             put(key, mbs, "placement.parallel.ppo_micro_batch_size_per_gpu")
 
-    # -- our stack's settings: not arguments of the reference command ---------------------------------------------
+
+def _our_settings(w: _Writer, preset: Preset) -> None:
+    """Our stack's settings: not arguments of the reference command (with the reason), or refused."""
+    r, p = preset.recipe, preset.placement
+    a, t = r.actor, r.trainer
+    put, fixed, not_passed = w.put, w.fixed, w.not_passed
     not_passed("recipe.actor.token_mean_scope", a.token_mean_scope,
                "chooses how OUR loop normalises the token-mean; the reference stack always uses its own "
                "per-micro-batch mean (docs/fidelity.md, deviations beyond config keys)")
@@ -320,8 +361,7 @@ def translate(preset: Preset) -> Translation:
               "honours it: our generation dumps are not the reference's")
     not_passed("placement.accelerator", p.accelerator, "used by `dapo plan` only")
     not_passed("placement.device", p.device, "the local backend's device; not used on verl worker groups")
-    out.handled.add("placement.env")  # the job's runtime env (recipe/dapo/runtime_env.yaml), see runtime_env()
-    return out
+    w.out.handled.add("placement.env")  # the job's runtime env (recipe/dapo/runtime_env.yaml), see runtime_env()
 
 
 def runtime_env(preset: Preset) -> dict[str, str]:

@@ -1,27 +1,28 @@
 """The one DAPO training loop (paper arXiv 2503.14476, Algorithm 1), framework-free.
 
 It drives any :class:`dapo.backends.base.Backend`: :mod:`dapo.backends.local.backend` (one process, CPU or one GPU)
-and :mod:`dapo.backends.verl.backend` (verl worker groups on Ray) run this same code. One rollout step::
+and :mod:`dapo.backends.verl.backend` (verl worker groups on Ray) run this same code. One rollout step
+(:meth:`DAPOLoop.train_step`, one named call per line)::
 
     repeat                                                     # dynamic sampling (eq. 11), DynamicSampler
         prompts <- next gen_batch_size rows of the training data   (DAPO-Math-17k schema; epochs, shuffled by seed)
-        o_1..o_G ~ pi_old(. | q) for every prompt q               backend.generate  (G = rollout.n)
-        R_i = verifier(o_i, a) + R_length(|o_i|)                  dapo.reward.score_responses (eq. 1 + eq. 13)
-        keep groups with 0 < #correct < G                         (filter_groups.metric; off: keep all)
-    until train_batch_size groups kept (surplus cut), or fail after max_num_gen_batches
-    A_i = (R_i - mean_group R) / (std_group R + eps)              dapo.advantage.group_advantages (eq. 9)
+        o_1..o_G ~ pi_old(. | q) for every prompt q               generate: backend.generate  (G = rollout.n)
+        R_i = verifier(o_i, a) + R_length(|o_i|)                  score: dapo.reward.score_responses (eq. 1 + 13)
+        keep groups with 0 < #correct < G                         filter_groups (filter_groups.metric; off: all)
+    until train_batch_size groups kept (surplus cut), or fail    kept_batch (after max_num_gen_batches: fail)
+    A_i = (R_i - mean_group R) / (std_group R + eps)              advantages: dapo.advantage.group_advantages (eq. 9)
     log pi_old recomputed for the batch                           backend.compute_old_log_probs
     ppo_epochs x mini-batches of the DAPO loss (eq. 10, 12)       backend.update (dapo.loss.policy_loss)
 
-then metrics (:mod:`dapo.train.metrics`), validation every ``test_freq`` steps (avg@k over the validation split with
-``rollout.val`` sampling; also before training with ``val_before_train``), a checkpoint every ``save_freq`` steps
-(:mod:`dapo.train.checkpoint`, atomic), the health guards (:mod:`dapo.train.health`), and at the end a summary
-(validation accuracy before -> after RL) and the health plot (:mod:`dapo.train.report`). ``total_training_steps`` (or
-epochs x generation batches per epoch) bounds the run; ``resume_mode: auto`` continues from the newest complete
-checkpoint with the same data order, sampler state and RNG states, so an interrupted run ends exactly where an
-uninterrupted one would (on CPU; see docs/tiny.md). Here: the step and the run; the prompt order is
-:mod:`dapo.train.stream`'s, validation and the summary :mod:`dapo.train.validation`'s, the checkpointed state and
-resume :mod:`dapo.train.resume`'s.
+then its metrics (step_metrics, :mod:`dapo.train.metrics`), validation every ``test_freq`` steps (avg@k over the
+validation split with ``rollout.val`` sampling; also before training with ``val_before_train``), a checkpoint every
+``save_freq`` steps (:mod:`dapo.train.checkpoint`, atomic), the health guards (:mod:`dapo.train.health`), and at the
+end a summary (validation accuracy before -> after RL) and the health plot (:mod:`dapo.train.report`).
+``total_training_steps`` (or epochs x generation batches per epoch) bounds the run; ``resume_mode: auto`` continues
+from the newest complete checkpoint with the same data order, sampler state and RNG states, so an interrupted run
+ends exactly where an uninterrupted one would (on CPU; see docs/tiny.md). Here: the step and the run; the prompt
+order is :mod:`dapo.train.stream`'s, validation and the summary :mod:`dapo.train.validation`'s, the checkpointed
+state and resume :mod:`dapo.train.resume`'s.
 
 Overlong *filtering* (``reward.overlong_filter``) drops truncated responses from the loss (``loss_mask``); the soft
 overlong *punishment* is part of the reward. The learning-rate schedule (warm-up then constant) is the backend's
@@ -34,8 +35,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -45,7 +47,8 @@ from dapo.advantage import group_advantages
 from dapo.backends.base import Backend, Rollout, Sampling
 from dapo.train.generations import dump_generations, prompt_text
 from dapo.train.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED, HealthGuard
-from dapo.train.metrics import MetricsLogger, format_step_line, val_accuracy
+from dapo.train.metrics import (MetricsLogger, batch_metrics, format_step_line, generation_metrics, timing_metrics,
+                                val_accuracy)
 from dapo.train.resume import Resumable
 from dapo.train.stream import PromptStream
 from dapo.train.validation import Validation, cpu_seconds
@@ -55,11 +58,12 @@ from dapo.sampler import DynamicSampler, DynamicSamplingError
 __all__ = ["DAPOLoop", "EXIT_HEALTH_STOP", "EXIT_SAMPLER_EXHAUSTED"]
 
 
-def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 0:
-        return {}
-    return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
+@contextmanager
+def _timed(timing: dict[str, float], phase: str) -> Iterator[None]:
+    """Adds the seconds of the ``with`` block to ``timing[phase]``."""
+    t0 = time.perf_counter()
+    yield
+    timing[phase] += time.perf_counter() - t0
 
 
 class DAPOLoop(Validation, Resumable):
@@ -184,113 +188,114 @@ class DAPOLoop(Validation, Resumable):
 
     # ---------------------------------------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
-        """One rollout step (module docstring); returns its metrics."""
-        r = self.recipe
-        fg = r.filter_groups
+        """One rollout step, paper Algorithm 1 (module docstring); returns its metrics.
+
+        Each phase is one call, timed into ``timing`` (``timing_s/<phase>``); ``generated`` collects the statistics
+        of every generated response, kept or not (``train/gen_*``)."""
         timing: dict[str, float] = defaultdict(float)
         t_step = time.perf_counter()
-        gen: dict[str, list[np.ndarray]] = defaultdict(list)
-        while not self.sampler.is_full():
-            size = self.sampler.suggested_gen_batch_size()
-            rows = [self.train_rows[i] for i in self.stream.take(size)]
-            gids = list(range(self.next_gid, self.next_gid + len(rows)))
-            self.next_gid += len(rows)
-            t0 = time.perf_counter()
-            rollout = self.backend.generate(rows, self.train_sampling, group_ids=gids)
-            t1 = time.perf_counter()
-            scored = self.score(rollout)
-            t2 = time.perf_counter()
-            timing["gen"] += t1 - t0
-            timing["reward"] += t2 - t1
-            for k in ("score", "reward", "acc", "overlong"):
-                gen[k].append(np.asarray(scored[k], dtype=np.float64))
-            gen["truncated"].append(np.asarray(rollout.truncated, dtype=np.float64))
-            for k in ("entropy", "mean_prob"):
-                if k in rollout.stats:
-                    gen[f"rollout_{k}"].append(np.asarray(rollout.stats[k], dtype=np.float64))
-            try:
+        generated: dict[str, list[np.ndarray]] = defaultdict(list)
+        while not self.sampler.is_full():  # dynamic sampling (eq. 11): until train_batch_size groups are kept
+            with _timed(timing, "gen"):
+                rollout = self.generate()
+            with _timed(timing, "reward"):
+                scored = self.score(rollout)
+            with _timed(timing, "filter"):
+                self.filter_groups(step, rollout, scored, generated)
                 # the sampler keeps only the rows of groups it may still train on (a copy); the generation batch
                 # itself is dropped right here, before the next one is generated
-                self.sampler.add(rollout.group_ids, scored[fg.metric], batch=(rollout, scored), take=self._take)
-            except DynamicSamplingError:
-                self.sampler.finish_step()
-                raise
-            finally:
                 del rollout, scored
-            timing["filter"] += time.perf_counter() - t2
-            nb = self.sampler.num_gen_batches
-            if fg.enable and not self.sampler.is_full() and nb % 10 == 0:
-                limit = fg.max_num_gen_batches if fg.max_num_gen_batches > 0 else "unlimited"
-                self.log(f"step {step}: dynamic sampling has {self.sampler.num_kept_groups} of "
-                         f"{r.data.train_batch_size} groups after {nb} generation batches (max_num_gen_batches: "
-                         f"{limit}); most groups are all-correct or all-wrong")
-        t0 = time.perf_counter()
+        with _timed(timing, "filter"):
+            batch, scores, sampler_stats = self.kept_batch()
+        with _timed(timing, "adv"):
+            adv, loss_mask = self.advantages(batch, scores)
+        metrics: dict[str, float] = {}
+        with _timed(timing, "old_log_prob"):
+            metrics.update(self.backend.compute_old_log_probs(batch))
+        with _timed(timing, "update_actor"):
+            metrics.update(self.backend.update(batch, adv, loss_mask))
+        self._dump(self.recipe.trainer.rollout_data_dir, batch, scores, step)
+        metrics.update(self.step_metrics(step, batch, scores, adv, loss_mask, generated, sampler_stats))
+        metrics.update(timing_metrics(timing, time.perf_counter() - t_step))
+        return metrics
+
+    def generate(self) -> Rollout:
+        """The next generation batch: ``gen_batch_size`` prompts (the sampler's suggestion in carry mode) from the
+        stream, ``rollout.n`` responses each, one new group id per prompt (``backend.generate``)."""
+        rows = [self.train_rows[i] for i in self.stream.take(self.sampler.suggested_gen_batch_size())]
+        gids = list(range(self.next_gid, self.next_gid + len(rows)))
+        self.next_gid += len(rows)
+        return self.backend.generate(rows, self.train_sampling, group_ids=gids)
+
+    def filter_groups(self, step: int, rollout: Rollout, scored: dict[str, np.ndarray],
+                      generated: dict[str, list[np.ndarray]]) -> None:
+        """Dynamic sampling (eq. 11): the sampler keeps the groups with ``0 < #correct < G`` (``filter_groups.metric``;
+        all of them when off); every response's statistics go to ``generated`` first. Raises
+        :class:`DynamicSamplingError` after ``max_num_gen_batches`` (the sampler's step is finished)."""
+        fg = self.recipe.filter_groups
+        for k in ("score", "reward", "acc", "overlong"):
+            generated[k].append(np.asarray(scored[k], dtype=np.float64))
+        generated["truncated"].append(np.asarray(rollout.truncated, dtype=np.float64))
+        for k in ("entropy", "mean_prob"):
+            if k in rollout.stats:
+                generated[f"rollout_{k}"].append(np.asarray(rollout.stats[k], dtype=np.float64))
+        try:
+            self.sampler.add(rollout.group_ids, scored[fg.metric], batch=(rollout, scored), take=self._take)
+        except DynamicSamplingError:
+            self.sampler.finish_step()
+            raise
+        nb = self.sampler.num_gen_batches
+        if fg.enable and not self.sampler.is_full() and nb % 10 == 0:
+            limit = fg.max_num_gen_batches if fg.max_num_gen_batches > 0 else "unlimited"
+            self.log(f"step {step}: dynamic sampling has {self.sampler.num_kept_groups} of "
+                     f"{self.recipe.data.train_batch_size} groups after {nb} generation batches (max_num_gen_batches: "
+                     f"{limit}); most groups are all-correct or all-wrong")
+
+    def kept_batch(self) -> tuple[Rollout, dict[str, np.ndarray], dict[str, float]]:
+        """The training batch: the kept groups joined (exactly ``train_batch_size`` x n responses), their scores,
+        and the sampler's statistics of the step (which it ends)."""
         selection = self.sampler.selection()
         batch = self.backend.concat([self.backend.select(s.batch[0], s.indices) for s in selection])
         scores = {
             k: np.concatenate([np.asarray(s.batch[1][k])[s.indices] for s in selection])
             for k in ("reward", "score", "acc", "pred", "overlong_reward")
         }
-        sstats = self.sampler.finish_step()
-        timing["filter"] += time.perf_counter() - t0
+        return batch, scores, self.sampler.finish_step()
 
-        t0 = time.perf_counter()
+    def advantages(self, batch: Rollout, scores: dict[str, np.ndarray]) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """Group advantages (eq. 9, ``dapo.advantage.group_advantages``) and the loss mask of overlong filtering
+        (``reward.overlong_filter``: truncated responses leave the loss; None when off)."""
+        r = self.recipe
         adv = np.asarray(
             group_advantages(scores["reward"], batch.group_ids, norm_by_std=r.algorithm.norm_adv_by_std),
             dtype=np.float64,
         )
         loss_mask = ~np.asarray(batch.truncated, dtype=bool) if r.reward.overlong_filter else None
-        timing["adv"] += time.perf_counter() - t0
+        return adv, loss_mask
 
-        metrics: dict[str, float] = {}
-        t0 = time.perf_counter()
-        metrics.update(self.backend.compute_old_log_probs(batch))
-        t1 = time.perf_counter()
-        metrics.update(self.backend.update(batch, adv, loss_mask))
-        t2 = time.perf_counter()
-        timing["old_log_prob"] += t1 - t0
-        timing["update_actor"] += t2 - t1
-        self._dump(r.trainer.rollout_data_dir, batch, scores, step)
-
-        # -- metrics (verl names, dapo.train.metrics.METRICS) --
-        lengths = np.asarray(batch.response_length, dtype=np.float64)
-        max_len = r.data.max_response_length
-        metrics.update(_stats("critic/score", scores["reward"]))
-        metrics.update(_stats("critic/rewards", scores["reward"]))
-        tok_w = np.maximum(lengths, 0)
-        metrics["critic/advantages/mean"] = float((adv * tok_w).sum() / max(tok_w.sum(), 1.0))
-        metrics["critic/advantages/max"] = float(adv.max())
-        metrics["critic/advantages/min"] = float(adv.min())
-        metrics.update(_stats("response_length", lengths))
-        metrics["response_length/clip_ratio"] = float(np.mean(lengths >= max_len))
-        if "prompt_length" in batch.stats:
-            metrics.update(_stats("prompt_length", batch.stats["prompt_length"]))
-        all_gen = {k: np.concatenate(v) for k, v in gen.items()}
+    def step_metrics(self, step: int, batch: Rollout, scores: dict[str, np.ndarray], adv: np.ndarray,
+                     loss_mask: Optional[np.ndarray], generated: dict[str, list[np.ndarray]],
+                     sampler_stats: dict[str, float]) -> dict[str, float]:
+        """The step's metrics (verl's names, :data:`dapo.train.metrics.METRICS`): the training batch, dynamic
+        sampling over every generated response, the counters."""
+        fg = self.recipe.filter_groups
+        metrics = batch_metrics(scores["reward"], adv, batch.response_length, self.recipe.data.max_response_length,
+                                batch.stats.get("prompt_length"))
+        all_gen = {k: np.concatenate(v) for k, v in generated.items()}
         # 0 when carried-in groups alone filled the step (filter_groups.mode: carry): no generation statistics then
         n_generated = int(all_gen["score"].size) if "score" in all_gen else 0
         self.gen_samples_total += n_generated
-        metrics["train/num_gen_batches"] = sstats["num_gen_batches"]
-        metrics["train/kept_group_ratio"] = sstats["kept_ratio"] if fg.enable else 1.0
+        metrics["train/num_gen_batches"] = sampler_stats["num_gen_batches"]
+        metrics["train/kept_group_ratio"] = sampler_stats["kept_ratio"] if fg.enable else 1.0
         metrics["train/num_gen_samples"] = float(n_generated)
         if fg.enable and fg.mode == "carry":
-            metrics["train/num_groups_carried_in"] = sstats["num_groups_carried_in"]
+            metrics["train/num_groups_carried_in"] = sampler_stats["num_groups_carried_in"]
         metrics["train/gen_samples_total"] = float(self.gen_samples_total)
-        if n_generated:
-            metrics["train/gen_score/mean"] = float(all_gen["reward"].mean())
-            metrics["train/gen_acc/mean"] = float(all_gen["acc"].mean())
-            metrics["train/gen_overlong_ratio"] = float(all_gen["overlong"].mean())
-            metrics["train/gen_truncated_ratio"] = float(all_gen["truncated"].mean())
-        for k in ("entropy", "mean_prob"):
-            if f"rollout_{k}" in all_gen:
-                metrics[f"rollout/{k}"] = float(all_gen[f"rollout_{k}"].mean())
+        metrics.update(generation_metrics(all_gen))
         if loss_mask is not None:
             metrics["train/num_filtered_responses"] = float((~loss_mask).sum())
         metrics["training/global_step"] = float(step)
         metrics["training/epoch"] = float(self.stream.epoch)
-        for k, v in timing.items():
-            metrics[f"timing_s/{k}"] = v
-        metrics["timing_s/step"] = time.perf_counter() - t_step
-        metrics["timing_s/other"] = max(0.0, metrics["timing_s/step"] - sum(timing.values()))
         return metrics
 
     # ---------------------------------------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
-"""Metric names, logging sinks (JSONL, wandb, TensorBoard, console) and the one-line-per-step progress line.
+"""Metric names, a step's metrics, logging sinks (JSONL, wandb, TensorBoard, console) and the one-line-per-step
+progress line.
 
 :data:`METRICS` is the single table of the metric names both backends log. Names follow verl 0.9.1 where verl has
 one (``response_length/mean``, ``critic/score/mean``, ``actor/pg_clipfrac``, ``timing_s/gen`` ...); the extra
 DAPO health metrics are ``actor/mean_prob``, ``train/kept_group_ratio`` and the ``train/gen_*`` statistics of *all*
 generated responses (before dynamic sampling filters them; verl's ``critic/score/mean`` is over the filtered
-training batch, which dynamic sampling biases towards 0).
+training batch, which dynamic sampling biases towards 0). The loop computes a step's metrics with
+:func:`batch_metrics` (the training batch), :func:`generation_metrics` (every generated response) and
+:func:`timing_metrics` (seconds per phase).
 
 Sinks: every record goes to ``<run_dir>/metrics.jsonl`` (one JSON object per line: ``{"step": int, "ts": float,
 <name>: float, ...}``); wandb when listed in ``trainer.logger`` (offline unless ``WANDB_API_KEY`` is set;
@@ -21,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
+
+import numpy as np
 
 # name -> meaning. "{ds}" stands for a data_source, "{k}" for the number of validation samples per prompt.
 METRICS: dict[str, str] = {
@@ -132,6 +137,54 @@ def backend_only(name: str) -> Optional[str]:
 
 
 STEP_PHASES = ("gen", "reward", "filter", "adv", "old_log_prob", "update_actor")
+
+
+def _stats(prefix: str, values: Any) -> dict[str, float]:
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return {}
+    return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
+
+
+def batch_metrics(rewards: Any, adv: np.ndarray, response_length: Any, max_response_length: int,
+                  prompt_length: Any = None) -> dict[str, float]:
+    """``critic/*``, ``response_length/*`` and ``prompt_length/*`` of the training batch (after dynamic sampling);
+    ``critic/advantages/mean`` is the token-mean (each response weighs by its length)."""
+    lengths = np.asarray(response_length, dtype=np.float64)
+    metrics = {**_stats("critic/score", rewards), **_stats("critic/rewards", rewards)}
+    tok_w = np.maximum(lengths, 0)
+    metrics["critic/advantages/mean"] = float((adv * tok_w).sum() / max(tok_w.sum(), 1.0))
+    metrics["critic/advantages/max"] = float(adv.max())
+    metrics["critic/advantages/min"] = float(adv.min())
+    metrics.update(_stats("response_length", lengths))
+    metrics["response_length/clip_ratio"] = float(np.mean(lengths >= max_response_length))
+    if prompt_length is not None:
+        metrics.update(_stats("prompt_length", prompt_length))
+    return metrics
+
+
+def generation_metrics(generated: dict[str, np.ndarray]) -> dict[str, float]:
+    """``train/gen_*`` over every response generated in the step, kept or not, and the backend's ``rollout/*``
+    statistics; ``generated`` maps score, reward, acc, overlong, truncated (and rollout_entropy, rollout_mean_prob
+    when the backend has them) to one value per response."""
+    metrics: dict[str, float] = {}
+    if "score" in generated and generated["score"].size:
+        metrics["train/gen_score/mean"] = float(generated["reward"].mean())
+        metrics["train/gen_acc/mean"] = float(generated["acc"].mean())
+        metrics["train/gen_overlong_ratio"] = float(generated["overlong"].mean())
+        metrics["train/gen_truncated_ratio"] = float(generated["truncated"].mean())
+    for k in ("entropy", "mean_prob"):
+        if f"rollout_{k}" in generated:
+            metrics[f"rollout/{k}"] = float(generated[f"rollout_{k}"].mean())
+    return metrics
+
+
+def timing_metrics(timing: dict[str, float], step_seconds: float) -> dict[str, float]:
+    """``timing_s/<phase>`` (:data:`STEP_PHASES`), ``timing_s/step`` and the rest of the step, ``timing_s/other``."""
+    metrics = {f"timing_s/{k}": v for k, v in timing.items()}
+    metrics["timing_s/step"] = step_seconds
+    metrics["timing_s/other"] = max(0.0, step_seconds - sum(timing.values()))
+    return metrics
 
 
 def val_acc_key(data_source: str, k: int) -> str:

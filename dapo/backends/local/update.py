@@ -94,6 +94,8 @@ class PolicyUpdate:
     def update(
         self, batch: Rollout, advantages: np.ndarray, loss_mask: Optional[np.ndarray] = None
     ) -> dict[str, float]:
+        """``ppo_epochs`` x mini-batches of the DAPO loss, one optimizer step each (module docstring); returns the
+        ``actor/*`` metrics."""
         a = self.recipe.actor
         data = batch.data
         if "old_log_prob" not in data:
@@ -112,75 +114,14 @@ class PolicyUpdate:
             if "ref_log_prob" not in data:
                 raise RuntimeError("use_kl_loss: update() needs the reference log-probs of compute_old_log_probs()")
             stats["kl_loss"] = []
-        grad_norms, skipped, steps = [], 0, 0
+        grad_norms: list[float] = []
         t0 = time.perf_counter()
         computed0 = self._computed_tokens
         self.model.train()
         for _ in range(a.ppo_epochs):
             for start in range(0, N, mini):
-                rows = list(range(start, min(N, start + mini)))
-                mb_mask = rmask_all[rows]
-                mb_tokens = float(mb_mask.sum())
-                mb_seqs = float((mb_mask.sum(1) > 0).sum())
-                self.optimizer.zero_grad(set_to_none=True)
-                mb_loss = mb_kl = 0.0
-                if mb_tokens == 0:
-                    # every response masked (e.g. all truncated under overlong filtering): the loss is 0 with a zero
-                    # gradient (dapo.loss), so skip the forward passes but take the optimizer step verl takes with
-                    # zero gradients (AdamW moments and weight decay still advance)
-                    for prm in self.model.parameters():
-                        if prm.requires_grad:
-                            prm.grad = torch.zeros_like(prm)
-                for idx in self._micro_batches(rows if mb_tokens > 0 else []):
-                    logits, r_ids, _, w = self._forward_response(data, idx, self.recipe.rollout.temperature)
-                    log_prob = log_probs_from_logits(logits, r_ids)
-                    m = rmask_all[idx, :w].to(self.device)
-                    if float(m.sum()) == 0:
-                        continue
-                    old = data["old_log_prob"][idx, :w].to(self.device)
-                    glob = a.token_mean_scope == "minibatch"
-                    loss, met = policy_loss(
-                        log_prob, old, adv[idx].to(self.device), m,
-                        clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
-                        clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode,
-                        global_tokens=mb_tokens if glob else None, global_seqs=mb_seqs if glob else None,
-                    )
-                    if not glob:  # the reference commit: per-micro-batch mean, divided by the accumulation steps
-                        loss = loss * (len(idx) / len(rows))
-                    if a.entropy_coeff:
-                        ent = entropy_from_logits(logits)
-                        ent_loss = agg_loss(
-                            ent, m, a.loss_agg_mode,
-                            global_tokens=mb_tokens if glob else None, global_seqs=mb_seqs if glob else None,
-                        )
-                        loss = loss - a.entropy_coeff * (ent_loss if glob else ent_loss * (len(idx) / len(rows)))
-                    if a.use_kl_loss:  # verl's ppo_loss: + kl_loss_coef * agg(kl_penalty(log_prob, ref), mask)
-                        ref = data["ref_log_prob"][idx, :w].to(self.device)
-                        kl_loss = agg_loss(
-                            kl_penalty(log_prob, ref, a.kl_loss_type), m, a.loss_agg_mode,
-                            global_tokens=mb_tokens if glob else None, global_seqs=mb_seqs if glob else None,
-                        )
-                        if not glob:
-                            kl_loss = kl_loss * (len(idx) / len(rows))
-                        loss = loss + a.kl_loss_coef * kl_loss
-                        mb_kl += float(kl_loss.detach())
-                    loss.backward()
-                    mb_loss += float(loss.detach())
-                    stats["loss_tokens"].append(mb_tokens if glob else float(m.sum()))  # the token-mean's denominator
-                    for k in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
-                        stats[k].append(float(met[k]))
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.optim.clip_grad)
-                gn = float(gn)
-                if math.isfinite(gn):
-                    self.optimizer.step()
-                    steps += 1
-                else:
-                    skipped += 1
-                self.optimizer.zero_grad(set_to_none=True)
-                grad_norms.append(gn)
-                stats["pg_loss"].append(mb_loss)
-                if a.use_kl_loss:
-                    stats["kl_loss"].append(mb_kl)
+                grad_norms.append(self._mini_batch_step(data, list(range(start, min(N, start + mini))), rmask_all, adv,
+                                                        stats))
         self.scheduler.step()
         self.model.eval()
         self.counters["update_tokens"] += self._computed_tokens - computed0
@@ -190,7 +131,89 @@ class PolicyUpdate:
         out["actor/lr"] = float(lr_used)
         if a.use_kl_loss:
             out["actor/kl_coef"] = float(a.kl_loss_coef)
-        out["actor/num_optimizer_steps"] = float(steps)
+        skipped = sum(1 for gn in grad_norms if not math.isfinite(gn))
+        out["actor/num_optimizer_steps"] = float(len(grad_norms) - skipped)
         if skipped:
             out["actor/skipped_steps"] = float(skipped)
         return out
+
+    def _mini_batch_step(self, data: dict[str, torch.Tensor], rows: list[int], rmask_all: torch.Tensor,
+                         adv: torch.Tensor, stats: dict[str, list[float]]) -> float:
+        """One optimizer step on the mini-batch ``rows``: the gradients of its micro-batches accumulated, the global
+        grad-norm clip, then AdamW (skipped when the grad norm is not finite, like verl); returns the grad norm."""
+        a = self.recipe.actor
+        mb_mask = rmask_all[rows]
+        mb_tokens = float(mb_mask.sum())
+        mb_seqs = float((mb_mask.sum(1) > 0).sum())
+        self.optimizer.zero_grad(set_to_none=True)
+        mb_loss = mb_kl = 0.0
+        if mb_tokens == 0:
+            # every response masked (e.g. all truncated under overlong filtering): the loss is 0 with a zero
+            # gradient (dapo.loss), so skip the forward passes but take the optimizer step verl takes with
+            # zero gradients (AdamW moments and weight decay still advance)
+            for prm in self.model.parameters():
+                if prm.requires_grad:
+                    prm.grad = torch.zeros_like(prm)
+        for idx in self._micro_batches(rows if mb_tokens > 0 else []):
+            done = self._micro_batch_backward(data, idx, rows, rmask_all, adv, mb_tokens, mb_seqs)
+            if done is None:
+                continue
+            loss, kl_loss, met, loss_tokens = done
+            mb_kl += kl_loss
+            mb_loss += loss
+            stats["loss_tokens"].append(loss_tokens)  # the token-mean's denominator
+            for k in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
+                stats[k].append(float(met[k]))
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.optim.clip_grad)
+        gn = float(gn)
+        if math.isfinite(gn):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        stats["pg_loss"].append(mb_loss)
+        if a.use_kl_loss:
+            stats["kl_loss"].append(mb_kl)
+        return gn
+
+    def _micro_batch_backward(self, data: dict[str, torch.Tensor], idx: torch.Tensor, rows: list[int],
+                              rmask_all: torch.Tensor, adv: torch.Tensor, mb_tokens: float, mb_seqs: float
+                              ) -> Optional[tuple[float, float, dict[str, torch.Tensor], float]]:
+        """The backward pass of micro-batch ``idx``'s share of the mini-batch loss: :func:`dapo.loss.policy_loss`
+        normalised by the mini-batch's tokens (``token_mean_scope: minibatch``; per micro-batch and divided by the
+        accumulation steps otherwise), minus the entropy bonus, plus the KL loss. Returns (loss, KL loss, the loss's
+        metrics, the token-mean's denominator), or None when the micro-batch has no token in the loss."""
+        a = self.recipe.actor
+        logits, r_ids, _, w = self._forward_response(data, idx, self.recipe.rollout.temperature)
+        log_prob = log_probs_from_logits(logits, r_ids)
+        m = rmask_all[idx, :w].to(self.device)
+        if float(m.sum()) == 0:
+            return None
+        old = data["old_log_prob"][idx, :w].to(self.device)
+        glob = a.token_mean_scope == "minibatch"
+        loss, met = policy_loss(
+            log_prob, old, adv[idx].to(self.device), m,
+            clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
+            clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode,
+            global_tokens=mb_tokens if glob else None, global_seqs=mb_seqs if glob else None,
+        )
+        if not glob:  # the reference commit: per-micro-batch mean, divided by the accumulation steps
+            loss = loss * (len(idx) / len(rows))
+        if a.entropy_coeff:
+            ent = entropy_from_logits(logits)
+            ent_loss = agg_loss(
+                ent, m, a.loss_agg_mode,
+                global_tokens=mb_tokens if glob else None, global_seqs=mb_seqs if glob else None,
+            )
+            loss = loss - a.entropy_coeff * (ent_loss if glob else ent_loss * (len(idx) / len(rows)))
+        kl = 0.0
+        if a.use_kl_loss:  # verl's ppo_loss: + kl_loss_coef * agg(kl_penalty(log_prob, ref), mask)
+            ref = data["ref_log_prob"][idx, :w].to(self.device)
+            kl_loss = agg_loss(
+                kl_penalty(log_prob, ref, a.kl_loss_type), m, a.loss_agg_mode,
+                global_tokens=mb_tokens if glob else None, global_seqs=mb_seqs if glob else None,
+            )
+            if not glob:
+                kl_loss = kl_loss * (len(idx) / len(rows))
+            loss = loss + a.kl_loss_coef * kl_loss
+            kl = float(kl_loss.detach())
+        loss.backward()
+        return float(loss.detach()), kl, met, mb_tokens if glob else float(m.sum())

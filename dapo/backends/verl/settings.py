@@ -50,7 +50,9 @@ class Setting:
 
 
 def settings(preset: Preset) -> list[Setting]:
-    """Every verl key this bundle sets, in a stable order, with its value and provenance."""
+    """Every verl key this bundle sets, in a stable order, with its value and provenance: one table, a row per verl key
+    (grouped: model, data, sampling, algorithm, actor loss and optimizer, reward, trainer, placement, fixed recipe
+    constants, verl on CPU, the workers' env); the few conditions choose rows, not values."""
     r, p = preset.recipe, preset.placement
     par = p.parallel
     a, m, d, ro = r.actor, r.model, r.data, r.rollout
