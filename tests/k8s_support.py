@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
+import json
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +104,19 @@ def pod_templates(rayjob: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 def ray_pod_templates(rayjob: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(role, t) for role, t in pod_templates(rayjob) if role != "submitter"]
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """The request handler of this suite's stand-in Kubernetes API servers: quiet, and ``send_json`` answers with a
+    status code and a JSON body as the API server does."""
+
+    def log_message(self, *args):
+        pass
+
+    def send_json(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)

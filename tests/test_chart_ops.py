@@ -14,7 +14,7 @@ import shutil
 import stat
 import subprocess
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import kubernetes_validate
@@ -32,6 +32,7 @@ from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, follower_refusal, go_json, sp
 from k8s_support import (
     CHART_DIR,
     VALUES_DIR,
+    JsonHandler,
     by_key,
     chart,
     helm,
@@ -387,36 +388,22 @@ class FakeApiServer:
         self.requests: list[str] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, code, body):
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def do_GET(self):
                 path = self.path.split("?")[0]
                 outer.requests.append(path)
-                if path == "/apis/ray.io/v1":
-                    return self._send(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "ray.io/v1",
-                                            "resources": [{"name": "rayjobs", "singularName": "rayjob",
-                                                           "namespaced": True, "kind": "RayJob",
-                                                           "verbs": ["get", "list"]}]})
-                if path == "/apis/batch/v1":
-                    return self._send(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "batch/v1",
-                                            "resources": [{"name": "jobs", "singularName": "job", "namespaced": True,
-                                                           "kind": "Job", "verbs": ["get", "list"]}]})
+                for group, name, kind in (("ray.io", "rayjobs", "RayJob"), ("batch", "jobs", "Job")):
+                    if path == f"/apis/{group}/v1":
+                        return self.send_json(200, {
+                            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/v1",
+                            "resources": [{"name": name, "singularName": name[:-1], "namespaced": True, "kind": kind,
+                                           "verbs": ["get", "list"]}]})
                 m = re.fullmatch(r"/apis/(ray.io|batch)/v1/namespaces/([^/]+)/(rayjobs|jobs)/([^/]+)", path)
                 obj = outer.objects.get(m.group(4)) if m else None
                 if obj is not None and obj["kind"] == {"rayjobs": "RayJob", "jobs": "Job"}[m.group(3)]:
-                    return self._send(200, obj)
-                return self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                        "reason": "NotFound", "code": 404})
+                    return self.send_json(200, obj)
+                return self.send_json(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                            "reason": "NotFound", "code": 404})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -17,12 +17,13 @@ import textwrap
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
+from k8s_support import JsonHandler
 from dapo.k8s.followers import RESULT_SCRIPT, STATE_DIR
 from dapo.train.runlog import started_at
 
@@ -180,22 +181,14 @@ class FakeRayJobApi:
         self.requests: list[tuple[str, str]] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
+        class Handler(JsonHandler):
             def do_GET(self):
                 outer.requests.append((self.path, self.headers.get("Authorization", "")))
                 code = outer.code if self.path == "/apis/ray.io/v1/namespaces/ml/rayjobs/dapo-train" else 404
                 body = outer.obj if code == 200 else {"kind": "Status", "code": code}
                 if body is None:
                     code, body = 404, {"kind": "Status", "code": 404}
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send_json(code, body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

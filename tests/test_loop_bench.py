@@ -55,3 +55,15 @@ def test_table_counts_steps_and_samples_to_each_target():
     row = table.splitlines()[-1]
     assert row.startswith("| rung | 7.5 | not reached | 1090 | not reached | 0.600 | 0.955 ± 0.005 | 0.955 ± 0.005 | "
                           "0.910 ± 0.010 |")
+
+
+def test_bench_verl_fit_is_a_bench_command_and_refuses_a_round_with_no_measured_step(capsys):
+    """`dapo bench verl-fit` drops the first step of every round as warm-up: one step a round would measure nothing,
+    so it is refused before any environment is touched."""
+    import pytest
+
+    from dapo.bench.cli import main
+
+    assert main([]) == 2 and "verl-fit" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"--steps >= 2"):
+        main(["verl-fit", "--steps", "1"])
