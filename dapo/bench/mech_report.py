@@ -9,7 +9,7 @@ Rules, fixed before the runs:
   the effect "matches the paper" when its sign is the paper's and |d| >= 2, is "same direction, within noise" when the
   sign is right and |d| < 2, and "opposite" otherwise;
 - the headline target is naive GRPO's validation accuracy averaged over its seeds and its validations at steps
-  20-24 (:data:`dapo.bench.mechanisms.TARGET_WINDOW`); steps (and generated responses) to the first validation at or
+  20-24 (``dapo.bench.mechanisms.TARGET_WINDOW``); steps (and generated responses) to the first validation at or
   above it, per seed.
 
 Imports numpy, matplotlib (lazily) and :mod:`dapo.train.metrics`.
@@ -83,12 +83,10 @@ def steps_to(run: dict, target: float) -> tuple[Optional[float], Optional[float]
     return None, None
 
 
-def headline(results: dict[str, list[dict]]) -> Optional[dict]:
-    from dapo.bench.mechanisms import TARGET_WINDOW
-
+def headline(results: dict[str, list[dict]], window: tuple[int, int]) -> Optional[dict]:
     if "naive GRPO" not in results or "DAPO" not in results:
         return None
-    lo, hi = TARGET_WINDOW
+    lo, hi = window
     vals = [a for r in results["naive GRPO"] for s, a, _ in r["curve"] if a is not None and lo <= s <= hi]
     if not vals:
         return None
@@ -224,15 +222,16 @@ def precondition_rows(pre: dict, results: dict[str, list[dict]]) -> dict[str, st
     }
 
 
-def write_report(results: dict[str, list[dict]], pre: dict, out: Path, meta: str, seeds: list[int]) -> str:
-    from dapo.bench.mechanisms import MECHANISMS
-
+def write_report(results: dict[str, list[dict]], pre: dict, out: Path, meta: str, seeds: list[int],
+                 mechanisms: dict[str, dict], window: tuple[int, int]) -> str:
+    """``mechanisms.md`` / ``.json`` and the figures in ``out`` (``mechanisms``: :data:`dapo.bench.mechanisms.MECHANISMS`,
+    ``window``: the steps whose naive GRPO accuracy sets the headline target); returns the markdown."""
     out.mkdir(parents=True, exist_ok=True)
     pre_rows = precondition_rows(pre, results)
     lines = ["| mechanism | precondition at warm start | outcome (2nd half of the run) | with | without | "
              "effect (seed sd) | figure | matches the paper? |", "|---|---|---|---|---|---|---|---|"]
     effects = {}
-    for mech, spec in MECHANISMS.items():
+    for mech, spec in mechanisms.items():
         if "DAPO" not in results or spec["without"] not in results:
             lines.append(f"| {mech} | {pre_rows[mech]} | not run | | | | | |")
             continue
@@ -245,7 +244,7 @@ def write_report(results: dict[str, list[dict]], pre: dict, out: Path, meta: str
         lines.append(f"| {mech} | {pre_rows[mech]} | {LABELS.get(key, key)} ({'higher' if sign > 0 else 'lower'} "
                      f"with it in the paper) | {_mean_sd(w)} | {_mean_sd(wo)} | {eff['d']:+.1f} | "
                      f"{spec['figure']}: `{fig.name}` | {eff['verdict']} |")  # fmt: skip
-    hl = headline(results)
+    hl = headline(results, window)
     text = meta + "\n" + "\n".join(lines) + "\n"
     if hl:
         headline_figure(results, hl["target"], out)

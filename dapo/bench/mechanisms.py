@@ -139,6 +139,6 @@ def cmd_mechanisms(argv: list[str]) -> int:
         f"{sum(r['wall_seconds'] for r in all_runs):.0f}s wall, {sum(r['cpu_seconds'] for r in all_runs):.0f}s CPU "
         "in total\n"
     )
-    text = write_report(results, pre, out, meta, seeds)
+    text = write_report(results, pre, out, meta, seeds, MECHANISMS, TARGET_WINDOW)
     print(text)
     return 0
