@@ -1,7 +1,7 @@
 """The ``helm test`` hook pods (not among the release's objects): ``K-test-shared`` writes and reads back the shared
 volume, ``K-test-gpu`` (``test.gpu``) checks one GPU worker's driver and devices -- the chart's ``test-*.yaml``.
 
-Imports :mod:`dapo.k8s.context` only.
+Imports :mod:`dapo.k8s.context` and :mod:`dapo.k8s.security` only.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import copy
 from typing import Any
 
 from dapo.k8s.context import ChartContext
+from dapo.k8s.security import RESTRICTED_CONTAINER
 
 TEST_HOOK = {"helm.sh/hook": "test", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
 
@@ -36,6 +37,7 @@ class HelmTestPods(ChartContext):
         shared["containers"] = [{
             "name": "shared-volume", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
             "command": ["/bin/sh", "-c", self.shared_test_script()],
+            "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}},
             "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
         }]
@@ -60,6 +62,7 @@ class HelmTestPods(ChartContext):
                 "name": "gpu", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
                 "command": ["python", "-m", "dapo.train.gpu_check", "--min-driver", str(int(w.get("minDriver") or 0)),
                             "--gpus", str(gpus), "--torch"],
+                "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
                 "resources": {"requests": dict(res), "limits": dict(res)},
             }]
             pods.append(self._test_pod("gpu", spec))
