@@ -835,6 +835,7 @@ Pod settings of the helm test pods: never restarted, the Ray pods' account, pull
 */}}
 {{- define "dapo.testPodCommon" -}}
 restartPolicy: Never
+automountServiceAccountToken: false
 {{- with .Values.serviceAccountName }}
 serviceAccountName: {{ . }}
 {{- end }}
