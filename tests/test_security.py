@@ -300,3 +300,16 @@ def test_what_kuberay_or_the_kubelet_would_refuse_is_refused_at_install(values, 
         helm_objects(values)
     with pytest.raises(ValuesError, match=message.replace(".", r"\.")):
         python_objects([], extra=values)
+
+
+@pytest.mark.parametrize("preset", ["full", "verl-tiny"])
+def test_dry_run_does_not_print_the_ray_token_of_the_pod(preset, monkeypatch, capsys):
+    """`dapo train --dry-run` in a pod (RAY_AUTH_TOKEN set by KubeRay) prints the resolved config, not the token."""
+    from dapo.train.cli import main
+
+    token = "c2VjcmV0LXRva2VuLW9mLXRoZS1wb2QtMDEyMzQ1Njc4OQ=="
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    assert main(["--preset", preset, "--dry-run"]) == 0
+    out = capsys.readouterr()
+    assert "policy_loss" in out.out and token not in out.out + out.err
