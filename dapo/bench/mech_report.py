@@ -78,7 +78,7 @@ def clip_high_hist(runs: list[dict], max_step: Optional[int] = None) -> np.ndarr
 
 def steps_to(run: dict, target: float) -> tuple[Optional[float], Optional[float]]:
     for s, a, x in run["curve"]:
-        if s > 0 and a is not None and a >= target:
+        if s > 0 and a is not None and a >= target - 1e-9:  # the target is a mean of such accuracies: no rounding miss
             return float(s), (None if x is None else float(x))
     return None, None
 
