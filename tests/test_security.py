@@ -45,6 +45,11 @@ SETS = value_sets()
 
 BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
                          "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+SELINUX_TYPES = {None, "", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
+SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+                "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+                "net.ipv4.tcp_keepalive_probes"}
 RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
                       "projected", "secret"}
 
@@ -66,10 +71,19 @@ def baseline_violations(spec) -> list[str]:
         out.append("HostPath Volumes")
     if any(p.get("hostPort") for c in _containers(spec) for p in c.get("ports", [])):
         out.append("Host Ports")
-    seccomp = [(spec.get("securityContext") or {}).get("seccompProfile")] + [
-        (c.get("securityContext") or {}).get("seccompProfile") for c in _containers(spec)]
-    if any(s and s.get("type") == "Unconfined" for s in seccomp):
+    contexts = [spec.get("securityContext") or {}] + [c.get("securityContext") or {} for c in _containers(spec)]
+    if any((sc.get("appArmorProfile") or {}).get("type") not in (None, "RuntimeDefault", "Localhost")
+           for sc in contexts):
+        out.append("AppArmor")
+    if any((sc.get("seLinuxOptions") or {}).get("type") not in SELINUX_TYPES or
+           {"user", "role"} & set(sc.get("seLinuxOptions") or {}) for sc in contexts):
+        out.append("SELinux")
+    if any(sc.get("procMount") not in (None, "Default") for sc in contexts[1:]):
+        out.append("/proc Mount Type")
+    if any((sc.get("seccompProfile") or {}).get("type") == "Unconfined" for sc in contexts):
         out.append("Seccomp")
+    if any(x["name"] not in SAFE_SYSCTLS for x in (spec.get("securityContext") or {}).get("sysctls") or []):
+        out.append("Sysctls")
     return out
 
 
@@ -171,13 +185,18 @@ def test_the_checker_names_the_rule_each_setting_breaks():
     for change, rule in [({"hostNetwork": True}, "Host Namespaces"),
                          ({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "HostPath Volumes"),
                          ({"volumes": [{"name": "n", "nfs": {"server": "s", "path": "/"}}]}, "Volume Types"),
-                         ({"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}, "Running as Non-root (c)")]:
+                         ({"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}, "Running as Non-root (c)"),
+                         ({"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
+                                               "sysctls": [{"name": "kernel.msgmax", "value": "1"}]}}, "Sysctls")]:
         assert rule in restricted_violations({**copy.deepcopy(ok), **change}), change
     for sc, rule in [({"allowPrivilegeEscalation": True}, "Privilege Escalation (c)"),
                      ({"capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}, "Capabilities"),
                      ({"runAsUser": 0}, "Running as Non-root user (c)"),
                      ({"privileged": True}, "Privileged Containers"),
-                     ({"seccompProfile": {"type": "Unconfined"}}, "Seccomp")]:
+                     ({"seccompProfile": {"type": "Unconfined"}}, "Seccomp"),
+                     ({"appArmorProfile": {"type": "Unconfined"}}, "AppArmor"),
+                     ({"seLinuxOptions": {"user": "system_u"}}, "SELinux"),
+                     ({"procMount": "Unmasked"}, "/proc Mount Type")]:
         spec = copy.deepcopy(ok)
         spec["containers"][0]["securityContext"].update(sc)
         assert rule in restricted_violations(spec), sc
@@ -300,3 +319,16 @@ def test_what_kuberay_or_the_kubelet_would_refuse_is_refused_at_install(values, 
         helm_objects(values)
     with pytest.raises(ValuesError, match=message.replace(".", r"\.")):
         python_objects([], extra=values)
+
+
+@pytest.mark.parametrize("preset", ["full", "verl-tiny"])
+def test_dry_run_does_not_print_the_ray_token_of_the_pod(preset, monkeypatch, capsys):
+    """`dapo train --dry-run` in a pod (RAY_AUTH_TOKEN set by KubeRay) prints the resolved config, not the token."""
+    from dapo.train.cli import main
+
+    token = "c2VjcmV0LXRva2VuLW9mLXRoZS1wb2QtMDEyMzQ1Njc4OQ=="
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    assert main(["--preset", preset, "--dry-run"]) == 0
+    out = capsys.readouterr()
+    assert "policy_loss" in out.out and token not in out.out + out.err
