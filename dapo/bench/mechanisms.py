@@ -56,7 +56,10 @@ MECHANISMS: dict[str, dict] = {
     "token-level loss": {
         "without": "DAPO - token-level loss", "figure": "Fig. 4",
         "paper": "without it, entropy and response length grow unhealthily",
-        "outcome": ("response_length/mean", -1), "curves": ["actor/entropy", "response_length/mean"],
+        # actor/entropy is aggregated with the rung's own loss_agg_mode (as verl does); rollout/entropy is the same
+        # per-response mean for both rungs
+        "outcome": ("response_length/mean", -1),
+        "curves": ["actor/entropy", "rollout/entropy", "response_length/mean"],
     },
     "overlong shaping": {
         "without": "DAPO - overlong shaping", "figure": "Fig. 5",
