@@ -16,7 +16,8 @@ the steps-to-target ratio), ``mechanisms.json`` and one figure per mechanism (me
 are cached (``<rung>/seed<k>/bench_result.json``) so the command resumes. The outcome of each mechanism, the targets
 and the seeds are fixed in this module, before any run.
 
-Imports :mod:`dapo.bench.runs`, :mod:`dapo.bench.mech_report`; torch and the backends lazily.
+Imports :mod:`dapo.bench.runs`; :mod:`dapo.bench.mech_report`, :mod:`dapo.bench.precondition` (torch, the local
+backend) lazily.
 """
 
 from __future__ import annotations
