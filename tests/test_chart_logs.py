@@ -13,7 +13,7 @@ from dapo.config import load_preset, split_overrides
 from dapo.k8s.followers import FAIL_JOB_CODES
 from dapo.train.cli import build_parser as train_parser
 from dapo.train.cli import run_dir_of
-from dapo.train.follow import build_parser as follow_parser
+from dapo.cluster.follow import build_parser as follow_parser
 from k8s_support import VALUES_DIR, by_key, helm_objects, python_objects, render_script, set_files, user_values
 
 SETS = sorted(render_script().RENDER_SETS)
@@ -43,7 +43,7 @@ def test_every_rayjob_has_a_follower_of_the_directory_its_driver_writes(name):
         pod = job["spec"]["template"]["spec"]
         (follow,) = pod["initContainers"]
         argv = follow["command"] + follow["args"]
-        assert argv[:3] == ["python", "-m", "dapo.train.follow"]
+        assert argv[:3] == ["python", "-m", "dapo.cluster.follow"]
         args = follow_parser().parse_args(argv[3:])
         assert str(args.log_dir) == driver_log_dir(rayjob)
         assert args.rayjob == rayjob["metadata"]["name"] and args.backoff_limit == rayjob["spec"]["backoffLimit"]

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from dapo.train import gpu_check
+from dapo.cluster import gpu_check
 from dapo.config import apply_overrides, load_preset
 from dapo.k8s import ValuesError, load_values
 from dapo.k8s.manifests import Chart
@@ -535,12 +535,12 @@ def test_gpu_check_cli_exits_1_with_the_reason_when_no_driver_is_mounted(tmp_pat
     env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(ROOT)}
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "dapo.train.gpu_check", "--min-driver", "580"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "dapo.cluster.gpu_check", "--min-driver", "580"], capture_output=True,
                          text=True, env=env, cwd=tmp_path)
     assert out.returncode == 1
     assert "gpu_check: nvidia-smi not found" in out.stderr and "runtimeClassName" in out.stderr
     fake_nvidia_smi(tmp_path, ["535.104.05, NVIDIA A100-SXM4-80GB"])
-    out = subprocess.run([sys.executable, "-m", "dapo.train.gpu_check"], capture_output=True, text=True, env=env,
+    out = subprocess.run([sys.executable, "-m", "dapo.cluster.gpu_check"], capture_output=True, text=True, env=env,
                          cwd=tmp_path)
     assert out.returncode == 1 and "NVIDIA driver 535.104.05 is too old" in out.stderr
 
@@ -549,7 +549,7 @@ def test_gpu_workers_check_the_driver_at_start_and_the_head_does_not():
     _, p = both(RWX)
     job = p[("RayJob", "dapo-train")]
     worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
-    assert worker["lifecycle"]["postStart"]["exec"]["command"] == ["python", "-m", "dapo.train.gpu_check",
+    assert worker["lifecycle"]["postStart"]["exec"]["command"] == ["python", "-m", "dapo.cluster.gpu_check",
                                                                    "--min-driver", "580"]
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert "postStart" not in head["lifecycle"]

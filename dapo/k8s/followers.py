@@ -1,5 +1,5 @@
 """The log followers (``logs.enabled``): one Kubernetes Job per RayJob, ``K-train-logs`` and ``K-eval-logs``, that
-print every attempt's driver log as one stream (``python -m dapo.train.follow``), so that ``kubectl logs -f
+print every attempt's driver log as one stream (``python -m dapo.cluster.follow``), so that ``kubectl logs -f
 job/K-train-logs`` follows a run from ``helm install`` to its end -- the chart's ``logs-follower.yaml``.
 
 The pod, outside the Ray cluster, mounts the shared claim read-only, in the image of the RayJob it follows (cached
@@ -122,7 +122,7 @@ class LogFollowers(RayJobs):
             common["securityContext"] = copy.deepcopy(lg["securityContext"])
         follow = {
             "name": "follow", "image": image, "imagePullPolicy": pull, "restartPolicy": "Always",
-            "command": ["python", "-m", "dapo.train.follow"], "args": self.follower_args(kind),
+            "command": ["python", "-m", "dapo.cluster.follow"], "args": self.follower_args(kind),
             "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                     {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
             **copy.deepcopy(common),

@@ -72,7 +72,7 @@ class PodTemplates(ChartContext):
         lifecycle: dict[str, Any] = {}
         min_driver = int(self.v["worker"].get("minDriver") or 0)
         if gpu_check and min_driver > 0:
-            lifecycle["postStart"] = {"exec": {"command": ["python", "-m", "dapo.train.gpu_check", "--min-driver",
+            lifecycle["postStart"] = {"exec": {"command": ["python", "-m", "dapo.cluster.gpu_check", "--min-driver",
                                                            str(min_driver)]}}
         lifecycle["preStop"] = {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}
         out: dict[str, Any] = {"lifecycle": lifecycle}

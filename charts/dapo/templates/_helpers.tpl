@@ -352,7 +352,7 @@ lifecycle:
   {{- if and .gpuCheck (gt (int .root.Values.worker.minDriver) 0) }}
   postStart:
     exec:
-      command: ["python", "-m", "dapo.train.gpu_check", "--min-driver", {{ .root.Values.worker.minDriver | int | toString | quote }}]
+      command: ["python", "-m", "dapo.cluster.gpu_check", "--min-driver", {{ .root.Values.worker.minDriver | int | toString | quote }}]
   {{- end }}
   preStop:
     exec:

@@ -1,4 +1,4 @@
-"""A RayJob's status read from the Kubernetes API, for the log follower (:mod:`dapo.train.follow`).
+"""A RayJob's status read from the Kubernetes API, for the log follower (:mod:`dapo.cluster.follow`).
 
 One request, ``GET /apis/ray.io/v1/namespaces/<ns>/rayjobs/<name>``, with the pod's service-account token: all the
 RBAC it needs is ``get`` on ``rayjobs`` of that name (the chart's Role). Standard library only (``urllib``, ``ssl``):

@@ -1,7 +1,7 @@
 """Start-up check of a GPU pod: the NVIDIA driver is new enough for the image's CUDA, and the GPUs are visible.
 
-    python -m dapo.train.gpu_check --min-driver 580                   # GPU workers, as a postStart hook (chart)
-    python -m dapo.train.gpu_check --min-driver 580 --gpus 8 --torch  # the chart's `helm test` GPU pod
+    python -m dapo.cluster.gpu_check --min-driver 580                   # GPU workers, as a postStart hook (chart)
+    python -m dapo.cluster.gpu_check --min-driver 580 --gpus 8 --torch  # the chart's `helm test` GPU pod
 
 The training and evaluation images are built on CUDA 13, which needs an NVIDIA driver of the 580 series or newer; an
 older driver otherwise shows up much later as a cryptic ``CUDA driver version is insufficient`` inside vLLM or NCCL.
@@ -80,7 +80,7 @@ def check(min_driver: int, gpus: Optional[int] = None, torch_check: bool = False
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dapo.train.gpu_check", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dapo.cluster.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--min-driver", type=int, default=580, help="lowest NVIDIA driver major version (CUDA 13: 580)")
     ap.add_argument("--gpus", type=int, default=None, help="number of GPUs the pod must see")
     ap.add_argument("--torch", action="store_true", help="also check torch.cuda sees them")

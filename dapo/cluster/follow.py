@@ -1,7 +1,7 @@
 """Every attempt's driver log as one stream, from the first line to the run's end: the chart's log follower Job
 (``kubectl logs -f job/<release>-train-logs``).
 
-    python -m dapo.train.follow --log-dir /shared/checkpoints/P/E/logs --rayjob dapo-train --state-dir /state
+    python -m dapo.cluster.follow --log-dir /shared/checkpoints/P/E/logs --rayjob dapo-train --state-dir /state
 
 The driver of each RayJob attempt writes ``<log dir>/attempt-<N>.log`` (:mod:`dapo.train.runlog`; the reference
 runner's :mod:`dapo.reference.attempt_log`). The follower waits for the directory, prints each attempt of this run
@@ -10,7 +10,7 @@ in order -- a header line with its number and start time, then its lines as they
 moves to the next attempt when a retry starts, and ends with one line saying how the run ended:
 
 - exit 0 when the last attempt's log ends with exit code 0;
-- exit 1 when the run has failed for good: the RayJob (``--rayjob``, read with :mod:`dapo.train.rayjob_api`) is
+- exit 1 when the run has failed for good: the RayJob (``--rayjob``, read with :mod:`dapo.cluster.rayjob_api`) is
   ``Failed``, ``Complete`` without success (a stopped job), or was deleted; without API access, when an attempt
   fails and ``--backoff-limit`` + 1 attempts have run.
 
@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-from dapo.train.rayjob_api import ApiUnavailable, RayJobApi, RayJobStatus
+from dapo.cluster.rayjob_api import ApiUnavailable, RayJobApi, RayJobStatus
 from dapo.train.runlog import attempt_numbers, exit_code_of, started_at
 
 SUCCEEDED, FAILED = 0, 1
@@ -302,7 +302,7 @@ class Follower:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dapo.train.follow", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dapo.cluster.follow", description=__doc__.split("\n\n")[0])
     p.add_argument("--log-dir", required=True, type=Path, help="the attempt-<N>.log directory (<run dir>/logs)")
     p.add_argument("--rayjob", default=None, help="the RayJob whose status ends the run (omit: the logs alone)")
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or None,
