@@ -15,6 +15,8 @@ from dapo.k8s.manifests import Chart
 from dapo.k8s.presets import runnable_presets
 from k8s_support import (
     CHART_DIR,
+    on_stand_in,
+    python_objects,
     VALUES_DIR,
     by_key,
     chart,
@@ -28,7 +30,7 @@ from k8s_support import (
 
 CI_VALUES = sorted((CHART_DIR / "ci").glob("*.yaml"))
 # a GPU preset needs a ReadWriteMany StorageClass by name (the chart refuses the cluster default)
-RWX = {"storage": {"storageClassName": "shared-rwx"}}
+RWX = {"storage": {"storageClassName": "rwx-class"}}
 
 
 def _lint(values):
@@ -302,8 +304,7 @@ def test_training_driver_is_placed_on_a_worker_never_the_head(name):
     only place to start it (cluster-facts: without entrypoint resources the driver runs on the head)."""
     files, release = set_files(name)
     values = user_values(files)
-    for objects in (helm_objects(values, release=release), render_script().render_objects(CHART_DIR, files,
-                                                                                          release=release)):
+    for objects in (helm_objects(values, release=release), python_objects(files, release=release)):
         job = by_key(objects)[("RayJob", f"{release}-train")]["spec"]
         assert job["entrypointNumCpus"] == 1
         cluster = job["rayClusterSpec"]

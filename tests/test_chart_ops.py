@@ -31,6 +31,7 @@ from dapo.config import split_overrides
 from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, follower_refusal, go_json, spec_sha256, upgrade_refusal
 from k8s_support import (
     CHART_DIR,
+    on_stand_in,
     VALUES_DIR,
     JsonHandler,
     by_key,
@@ -45,7 +46,7 @@ from k8s_support import (
     user_values,
 )
 
-RWX = {"storage": {"storageClassName": "shared-rwx"}}
+RWX = {"storage": {"storageClassName": "rwx-class"}}
 GPU_SETS = ["full", "early", "7b", "smoke"]
 
 
@@ -82,7 +83,8 @@ def test_storage_rule_accepts_a_class_an_existing_claim_or_the_cpu_preset():
 
 
 def test_every_gpu_values_file_names_a_marked_storage_class():
-    """The values files pass the rule with a placeholder class the user is told to replace."""
+    """The values files carry a placeholder class on a marked line; the chart refuses it until the user names theirs
+    (dapo.k8s.install_rules; the refusal is tested in tests/test_install_rules.py)."""
     for name in GPU_SETS:
         text = (VALUES_DIR / f"{name}.yaml").read_text()
         assert yaml.safe_load(text)["storage"]["storageClassName"] == "shared-rwx"
@@ -337,7 +339,7 @@ def test_fix_ownership_script_creates_the_directories_owned_by_the_image_user(tm
 def test_helm_test_pods_match_render_py_and_validate():
     for values in (RWX, {**copy.deepcopy(ESCAPES)}, {"preset": "tiny"}, {**RWX, "test": {"gpu": False}}):
         helm_pods = helm_objects(copy.deepcopy(values), hooks=True)
-        chart_ = Chart(load_values(CHART_DIR, [], [], copy.deepcopy(values)), release="dapo", namespace="ml")
+        chart_ = Chart(load_values(CHART_DIR, [], [], on_stand_in(values)), release="dapo", namespace="ml")
         assert helm_pods == chart_.test_pods()
         for pod in helm_pods:
             kubernetes_validate.validate(pod, "1.30", strict=True)
@@ -353,7 +355,7 @@ def test_helm_test_pods_match_render_py_and_validate():
 
 def test_shared_volume_test_script_writes_reads_back_and_names_the_fix(tmp_path):
     values = _values_on(tmp_path)
-    chart_ = Chart(load_values(CHART_DIR, [], [], copy.deepcopy(values)), release="dapo", namespace="ml")
+    chart_ = Chart(load_values(CHART_DIR, [], [], on_stand_in(values)), release="dapo", namespace="ml")
     (pod,) = [p for p in chart_.test_pods() if p["metadata"]["name"] == "dapo-test-shared"]
     script = _script(pod["spec"]["containers"][0])
     ok = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True)
@@ -605,7 +607,8 @@ def test_render_py_apply_applies_the_upgrade_guard_before_applying_anything(monk
     fake = _FakeDynamic({"dapo-train": _live(job)})
     monkeypatch.setattr(kconfig, "load_kube_config", lambda *a, **k: None)
     monkeypatch.setattr(dynamic, "DynamicClient", lambda *a, **k: fake)
-    argv = ["--preset", "full", "--namespace", "ml", "--apply"] + (["--set", f"nodes={nodes}"] if nodes else [])
+    argv = ["--preset", "full", "--namespace", "ml", "--apply", "--set", "image.published=true", "--set",
+            "storage.storageClassName=rwx-class"] + (["--set", f"nodes={nodes}"] if nodes else [])
     rc = render_script().main(argv)
     err = capsys.readouterr().err
     if refused_:

@@ -126,7 +126,7 @@ def test_render_check_flag_reports_a_stale_file(tmp_path, capsys, monkeypatch):
 
 def test_render_cli_preset_set_and_override(capsys):
     rc = render_script().main(["--preset", "smoke", "--namespace", "ml", "--set", "worker.shmSize=32Gi",
-                               "--override", "recipe.trainer.total_training_steps=3"])
+                               "--override", "recipe.trainer.total_training_steps=3", *CLUSTER])
     out = capsys.readouterr().out
     assert rc == 0
     job = by_key([o for o in yaml.safe_load_all(out) if o])[("RayJob", "dapo-smoke-train")]
@@ -136,11 +136,15 @@ def test_render_cli_preset_set_and_override(capsys):
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in worker["volumes"]
 
 
+# the stand-in cluster of k8s_support.STAND_IN, on render.py's command line
+CLUSTER = ["--set", "image.published=true", "--set", "storage.storageClassName=rwx-class"]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--preset", "full", "--set", "nodes=0"], "/nodes"),
-        (["--preset", "full", "--override", "recipe.actor.optim.lrr=1e-5"], "did you mean 'lr'"),
+        (["--preset", "full", "--override", "recipe.actor.optim.lrr=1e-5", *CLUSTER], "did you mean 'lr'"),
         (["--preset", "tiny", "--set", "gpusPerNode=1"], "gpusPerNode: preset"),
         (["--preset", "tiny", "--set", "head.rayStartParams.num-cpus=\"1\""], "head.rayStartParams.num-cpus:"),
         (["--preset", "nope"], "unknown preset"),
