@@ -61,8 +61,11 @@ def test_the_follower_reads_only_its_rayjobs_status_non_root_read_only():
     values = user_values([VALUES_DIR / "full.yaml"], {"eval": {"enabled": True}})
     objects = by_key(helm_objects(values, release="dapo", namespace="ml"))
     role = objects[("Role", "dapo-logs")]
+    # read-only: get on its RayJobs; get/list/watch on the namespace's pods and events (why a run waits)
     assert role["rules"] == [{"apiGroups": ["ray.io"], "resources": ["rayjobs"],
-                              "resourceNames": ["dapo-train", "dapo-eval"], "verbs": ["get"]}]
+                              "resourceNames": ["dapo-train", "dapo-eval"], "verbs": ["get"]},
+                             {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list", "watch"]}]
+    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in role["rules"])
     binding = objects[("RoleBinding", "dapo-logs")]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "dapo-logs"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dapo-logs", "namespace": "ml"}]

@@ -3,7 +3,8 @@
 
 - ``python -m dapo.cluster.follow`` (:mod:`dapo.cluster.follow`), the log follower Job's program
   (``kubectl logs -f job/<release>-train-logs``): every attempt's driver log as one stream until the run ends, which
-  it reads from the RayJob's status (:mod:`~dapo.cluster.rayjob_api`);
+  it reads from the RayJob's status (:mod:`~dapo.cluster.rayjob_api`), and before a driver log exists, why the run
+  waits, from its pods and events (:mod:`~dapo.cluster.waits`);
 - ``python -m dapo.cluster.gpu_check`` (:mod:`~dapo.cluster.gpu_check`), the GPU pods' driver check (a postStart hook
   of every GPU worker, the ``helm test`` GPU pod).
 

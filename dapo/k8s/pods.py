@@ -19,6 +19,10 @@ DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kub
 SMALL = {"cpu": "100m", "memory": "64Mi"}
 
 
+# the head's init containers: a failed run's last log lines become its termination message, which the log follower
+# prints while the run waits (dapo.cluster.waits) without reading pod logs
+TERMINATION_MESSAGE = "FallbackToLogsOnError"
+
 class PodTemplates(ChartContext):
     """The pod templates of the head and worker groups, and the pieces they share."""
 
@@ -126,6 +130,7 @@ class PodTemplates(ChartContext):
             if repo and v["dataPrep"].get("fetchModel"):
                 out.append({
                     "name": "model-fetch", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
+                    "terminationMessagePolicy": TERMINATION_MESSAGE,
                     "command": ["hf", "download", repo], "env": self.hub_env(),
                     "resources": copy.deepcopy(v["dataPrep"]["resources"]),
                     "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
@@ -142,6 +147,7 @@ class PodTemplates(ChartContext):
                   f'chmod 2775 "$d"; done; ls -ld {dirs}')
         return {
             "name": "fix-ownership", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
+            "terminationMessagePolicy": TERMINATION_MESSAGE,
             "command": ["/bin/sh", "-c", script],
             "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
             "resources": {"requests": dict(SMALL), "limits": dict(SMALL)},
@@ -159,6 +165,7 @@ class PodTemplates(ChartContext):
             "name": "data-prepare",
             "image": image,
             "imagePullPolicy": v["image"]["pullPolicy"],
+            "terminationMessagePolicy": TERMINATION_MESSAGE,
             "command": cmd,
             "env": [
                 {"name": "HF_HOME", "value": v["storage"]["hfHome"]},

@@ -424,6 +424,7 @@ Init containers of the Ray head, in order: fix-ownership (storage.fixOwnership, 
 - name: model-fetch
   image: {{ $.image }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
+  terminationMessagePolicy: FallbackToLogsOnError
   command: ["hf", "download", {{ . | quote }}]
   env:
     {{- include "dapo.hubEnv" $.root | nindent 4 }}
@@ -447,6 +448,7 @@ The directories storage.fixOwnership hands to uid:gid: the mount, the data and t
 - name: fix-ownership
   image: {{ .image }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
+  terminationMessagePolicy: FallbackToLogsOnError
   command:
     - /bin/sh
     - -c
@@ -495,6 +497,7 @@ The data preparation init container of the Ray head.
 - name: data-prepare
   image: {{ .image }}
   imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  terminationMessagePolicy: FallbackToLogsOnError
   command:
     {{- toYaml $cmd | nindent 4 }}
   env:

@@ -133,7 +133,7 @@ spec:
           restartPolicy: Always
           command: ["python", "-m", "dapo.cluster.follow"]
           args:
-            {{- toYaml (list "--log-dir" $logDir "--rayjob" $rayjob "--backoff-limit" (toString (int $job.backoffLimit)) "--state-dir" "/state" "--sidecar") | nindent 12 }}
+            {{- toYaml (list "--log-dir" $logDir "--rayjob" $rayjob "--backoff-limit" (toString (int $job.backoffLimit)) "--state-dir" "/state" "--sidecar" "--release" $root.Release.Name "--kind" .kind "--claim" (include "dapo.claimName" $root)) | nindent 12 }}
           env:
             - name: POD_NAMESPACE
               valueFrom:
