@@ -6,7 +6,10 @@
   it reads from the RayJob's status (:mod:`~dapo.cluster.rayjob_api`), and before a driver log exists, why the run
   waits, from its pods and events (:mod:`~dapo.cluster.waits`);
 - ``python -m dapo.cluster.gpu_check`` (:mod:`~dapo.cluster.gpu_check`), the GPU pods' driver check (a postStart hook
-  of every GPU worker, the ``helm test`` GPU pod).
+  of every GPU worker, the ``helm test`` GPU pod);
+- ``python -m dapo.cluster.preflight`` (:mod:`~dapo.cluster.preflight`), the preflight Job's checks before any RayJob
+  holds a GPU: the node's driver, the claim (ReadWriteMany, writable by the image's user, fast enough for the preset's
+  checkpoints).
 
 Every module here runs in whichever image the pod runs -- the training image, the evaluation image, the
 reproduction image (Python 3.10, our package without extras) -- so they use the standard library only (the GPU
