@@ -77,19 +77,21 @@ def helm_render(values: dict[str, Any], *, release: str = "dapo", namespace: str
 def helm_objects(values: dict[str, Any], *, release: str = "dapo", namespace: str = "ml",
                  strip: bool = True, hooks: bool = False, stand_in: bool = True) -> list[dict[str, Any]]:
     """Objects of `helm template`, NOTES left out; Helm-only labels removed when strip; the `helm test` hook pods
-    only when hooks (then nothing else)."""
-    out = []
+    only when hooks (then nothing else); the pre-install preflight Job with the other objects."""
+    out, pre_install = [], []
     for path, text in sorted(helm_render(values, release=release, namespace=namespace, stand_in=stand_in).items()):
         if path.endswith("NOTES.txt"):
             continue
         for obj in yaml.safe_load_all(text):
-            is_hook = bool(obj) and "helm.sh/hook" in (obj["metadata"].get("annotations") or {})
+            # `helm test` pods are hooks=True; the preflight's pre-install hook is among the release's objects
+            is_hook = bool(obj) and (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"
             if obj and is_hook == hooks:
                 if strip:
                     for label in HELM_ONLY_LABELS:
                         obj["metadata"].get("labels", {}).pop(label, None)
-                out.append(obj)
-    return out
+                pre = (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-install"
+                (pre_install if pre else out).append(obj)
+    return pre_install + out  # Helm's install order: the pre-install hooks first
 
 
 def helm_notes(values: dict[str, Any], *, release: str = "dapo", namespace: str = "ml") -> str:

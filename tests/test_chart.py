@@ -54,7 +54,9 @@ def test_every_values_file_lints_strict_and_renders_its_preset(name):
         assert kinds == sorted(["RayJob"] + follower)
         return
     pdb = ["PodDisruptionBudget"] if values.get("disruption", {}).get("podDisruptionBudget") else []
-    assert kinds == sorted(["ConfigMap", "PersistentVolumeClaim", "RayJob"] + pdb + follower)
+    preflight = ["Job"] if name != "tiny" else []  # a GPU training run's preflight (tests/test_preflight_chart.py)
+    assert kinds == sorted(["ConfigMap", "PersistentVolumeClaim", "RayJob"] + pdb + follower + preflight)
+    assert (("Job", f"{release}-preflight") in objects) == bool(preflight)
     job = objects[("RayJob", f"{release}-train")]
     if values.get("train", {}).get("runner") == "reference":  # the upstream recipe; see tests/test_reference.py
         assert " python3 -m recipe.dapo.src.main_dapo " in job["spec"]["entrypoint"]

@@ -78,6 +78,7 @@ def test_helm_and_render_py_agree_on_every_template_branch():
     helm = by_key(helm_objects(copy.deepcopy(EVERY_BRANCH), release="r1", namespace="team-a"))
     python = by_key(python_objects([], release="r1", namespace="team-a", extra=copy.deepcopy(EVERY_BRANCH)))
     assert sorted(helm) == sorted(python) == [("ConfigMap", "dapo-exp-preset"), ("Job", "dapo-exp-eval-logs"),
+                                              ("Job", "dapo-exp-preflight"),
                                               ("Job", "dapo-exp-train-logs"), ("RayJob", "dapo-exp-eval"),
                                               ("RayJob", "dapo-exp-train")]
     for key in helm:

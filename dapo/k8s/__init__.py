@@ -11,6 +11,7 @@ chart ``charts/dapo``. ``scripts/render.py`` is the command line; tests check bo
 - :mod:`dapo.k8s.followers`: a log follower Job per RayJob (``kubectl logs -f job/<release>-train-logs``), its RBAC.
 - :mod:`dapo.k8s.upgrade`: the RayJob spec hash and the upgrade guard built on it.
 - :mod:`dapo.k8s.helm_tests`: the `helm test` hook pods.
+- :mod:`dapo.k8s.preflight`: the preflight Job, a pre-install hook that checks image, driver and storage first.
 - :mod:`dapo.k8s.manifests`: every object (ConfigMap, followers, PDB, PVC, the RayJobs): :class:`Chart`, :func:`build`.
 - :mod:`dapo.k8s.rules`: KubeRay controller rules that the CRD schemas do not encode.
 """
