@@ -185,3 +185,19 @@ def test_the_chart_gives_the_follower_what_it_needs_to_explain_waits():
         head = objs[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
         assert [c["name"] for c in head["initContainers"]][:2] == ["fix-ownership", "data-prepare"]
         assert all(c["terminationMessagePolicy"] == "FallbackToLogsOnError" for c in head["initContainers"])
+
+
+def test_the_eval_follower_explains_the_eval_rayjobs_waits():
+    from dapo.cluster.follow import build_parser
+    from dapo.cluster.waits import Waits
+    from k8s_support import VALUES_DIR, by_key, helm_objects, python_objects, user_values
+
+    files = [VALUES_DIR / "full.yaml", VALUES_DIR / "eval.yaml"]
+    for objects in (helm_objects(user_values(files), release="dapo-aime"), python_objects(files, release="dapo-aime")):
+        follow = by_key(objects)[("Job", "dapo-aime-eval-logs")]["spec"]["template"]["spec"]["initContainers"][0]
+        args = build_parser().parse_args(follow["args"])
+        assert (args.rayjob, args.release, args.kind, args.claim) == ("dapo-aime-eval", "dapo-aime", "eval",
+                                                                      "dapo-shared")
+    waits = Waits(object(), release="dapo-aime", kind="eval")  # type: ignore[arg-type]
+    assert waits.selector == ("app.kubernetes.io/instance=dapo-aime,app.kubernetes.io/component in "
+                              "(eval-head,eval-worker,eval-submitter)")
