@@ -100,6 +100,8 @@ def test_each_wait_is_explained_once_then_the_driver_log_follows(tmp_path, api):
     api.pods = [pod("dapo-train-head"), pod("dapo-train-worker-0", scheduled=GPU)]
     api.events = [warning("Pod", "dapo-train-worker-0", "FailedScheduling", GPU, 3),
                   warning("Pod", "someone-elses-pod", "FailedScheduling", "not ours"),
+                  warning("Workload", "rayjob-dapo-train-3f2a1", "Pending", "couldn't assign flavors to pod set"),
+                  warning("Workload", "rayjob-dapo-train-logs-1", "Pending", "not ours either"),
                   {**warning("Pod", "dapo-train-head", "Pulled", "ok"), "type": "Normal"}]
     proc = start(log_dir, api)
     time.sleep(1.5)  # ~15 looks at an unchanged cluster
@@ -121,6 +123,7 @@ def test_each_wait_is_explained_once_then_the_driver_log_follows(tmp_path, api):
         "[wait] RayJob dapo-train: Initializing, job -, 0 failed attempt(s)",
         f"[wait] pod dapo-train-worker-0 is not scheduled: Unschedulable: {GPU}",
         f"[wait] Pod dapo-train-worker-0: FailedScheduling: {GPU}",
+        "[wait] Workload rayjob-dapo-train-3f2a1: Pending: couldn't assign flavors to pod set",
         f'[wait] pod dapo-train-head: container ray-worker ImagePullBackOff: image {IMAGE}: Back-off pulling image "{IMAGE}"',
         f"[wait] pod dapo-train-worker-0: container ray-worker ErrImagePull: image {IMAGE}: {PULL}",
         f'[wait] Pod dapo-train-worker-0: Failed: Failed to pull image "{IMAGE}": {PULL}',

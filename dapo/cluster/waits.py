@@ -12,8 +12,8 @@ events, ``get`` on the RayJob; the chart's Role ``<release>-logs``):
   in ImagePullBackOff / ErrImagePull (the image and the registry's message), CrashLoopBackOff (the exit code and its
   last lines: the chart's init containers use ``terminationMessagePolicy: FallbackToLogsOnError``), or any other
   waiting reason;
-- the Warning events of those pods, of the claim and of the RayJob (FailedScheduling, FailedMount,
-  FailedPostStartHook -- the GPU driver check --, ProvisioningFailed, Failed pulls, ...).
+- the Warning events of those pods, of the claim, of the RayJob and of its Kueue Workload (FailedScheduling,
+  FailedMount, FailedPostStartHook -- the GPU driver check --, ProvisioningFailed, Failed pulls, Pending on quota).
 
 Each cause is one line; a line is printed once, when it first appears (counts and ages are left out of it so that a
 repeated event is not news). :meth:`Waits.current` is the latest set, which the follower names when the run fails
@@ -24,6 +24,7 @@ Standard library only; imports :mod:`dapo.cluster.rayjob_api`.
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from typing import Optional
 
@@ -104,9 +105,13 @@ class Waits:
         watched = {("Pod", n) for n in names} | {("RayJob", self.api.name)}
         if self.claim:
             watched.add(("PersistentVolumeClaim", self.claim))
+        # Kueue's Workload of the RayJob, rayjob-<name>-<5 characters of a hash> (pending on quota, not admitted)
+        workload = re.compile(f"rayjob-{re.escape(self.api.name)}-[0-9a-z]{{5}}")
         for ev in events:
             obj = ev.get("involvedObject") or {}
-            if ev.get("type") == "Warning" and (obj.get("kind"), obj.get("name")) in watched:
+            ours = (obj.get("kind"), obj.get("name")) in watched or (
+                obj.get("kind") == "Workload" and workload.fullmatch(str(obj.get("name", ""))))
+            if ev.get("type") == "Warning" and ours:
                 causes.append(event_line(ev))
         self.current = causes
         new = [c for c in dict.fromkeys(causes) if c not in self.printed]
