@@ -51,11 +51,12 @@ def test_every_values_file_lints_strict_and_renders_its_preset(name):
     follower = ["Job", "Role", "RoleBinding", "ServiceAccount"]  # every RayJob's log follower (logs.enabled)
     assert ("Job", f"{release}-{'eval' if name == 'eval' else 'train'}-logs") in objects
     if name == "eval":
-        assert kinds == sorted(["RayJob"] + follower)
+        assert kinds == sorted(["NetworkPolicy", "RayJob"] + follower)
         return
     pdb = ["PodDisruptionBudget"] if values.get("disruption", {}).get("podDisruptionBudget") else []
     preflight = ["Job"] if name != "tiny" else []  # a GPU training run's preflight (tests/test_preflight_chart.py)
-    assert kinds == sorted(["ConfigMap", "PersistentVolumeClaim", "RayJob"] + pdb + follower + preflight)
+    assert kinds == sorted(["ConfigMap", "NetworkPolicy", "PersistentVolumeClaim", "RayJob"] + pdb + follower
+                           + preflight)
     assert (("Job", f"{release}-preflight") in objects) == bool(preflight)
     job = objects[("RayJob", f"{release}-train")]
     if values.get("train", {}).get("runner") == "reference":  # the upstream recipe; see tests/test_reference.py

@@ -23,7 +23,8 @@ BRANCHES = [
      "imagePullSecrets": [{"name": "regcred"}], "podSecurityContext": {"fsGroup": 100}},
     {"storage": {"existingClaim": "team-shared"}, "preflight": {"storage": {"throughput": False}}},
     {"preflight": {"driver": False, "storage": {"enabled": False}}},
-    {"train": {"runner": "reference", "reference": {"image": {"repository": "registry.example.com/ml/dapo"}}}},
+    {"train": {"runner": "reference", "reference": {"image": {"repository": "registry.example.com/ml/dapo"}}},
+     "rayAuth": {"enabled": False}},  # Ray 2.43 of the reproduction image has no token auth
 ]
 
 

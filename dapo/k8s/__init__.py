@@ -14,6 +14,8 @@ chart ``charts/dapo``. ``scripts/render.py`` is the command line; tests check bo
 - :mod:`dapo.k8s.preflight`: the preflight Job, a pre-install hook that checks image, driver and storage first.
 - :mod:`dapo.k8s.manifests`: every object (ConfigMap, followers, PDB, PVC, the RayJobs): :class:`Chart`, :func:`build`.
 - :mod:`dapo.k8s.rules`: KubeRay controller rules that the CRD schemas do not encode.
+- :mod:`dapo.k8s.security`: Ray token auth (``authOptions``), the NetworkPolicy, the restricted securityContexts,
+  the Pod Security profile the values need.
 """
 
 from __future__ import annotations

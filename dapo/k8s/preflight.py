@@ -20,7 +20,7 @@ shows the image can be pulled there; its init containers then run, in order, eac
 The Job runs for a GPU training run only (the verl backend on GPUs). The hook is deleted when it succeeded and kept
 when it failed (``kubectl logs job/K-preflight --all-containers``), until the next install replaces it.
 
-Imports :mod:`dapo.k8s.context`, :mod:`dapo.plan.memory` and :mod:`dapo.config` (the preset's checkpoint numbers).
+Imports :mod:`dapo.k8s.context`, :mod:`dapo.k8s.security`, :mod:`dapo.plan.memory` and :mod:`dapo.config` (the preset's checkpoint numbers).
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ import copy
 from typing import Any
 
 from dapo.k8s.context import ChartContext
+from dapo.k8s.security import PREFLIGHT_SKIPS, RESTRICTED_CONTAINER, checkov_skips
 
 PREFLIGHT_HOOK = {"helm.sh/hook": "pre-install", "helm.sh/hook-weight": "0",
                   "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
+# checkov's findings on the fix-ownership step (root, CHOWN/DAC_OVERRIDE/FOWNER: dapo.k8s.security) when it runs here
+FIX_SKIPS = ("CKV_K8S_25",)
 PASSED = "print('preflight: passed: the image runs on a node of the GPU pool and every enabled check passed')"
 
 
@@ -90,17 +93,20 @@ class PreflightJob(ChartContext):
         image, pull = self.preflight_image(), v["image"]["pullPolicy"]
         mounts = [{"name": "shared", "mountPath": v["storage"]["mountPath"]}]
         common = {"image": image, "imagePullPolicy": pull, "terminationMessagePolicy": "FallbackToLogsOnError",
+                  "securityContext": {**copy.deepcopy(RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},
                   "resources": copy.deepcopy(pf["resources"])}
         init = []
         if pf["storage"]["enabled"] and v["storage"]["fixOwnership"]["enabled"]:
-            init.append(self.fix_ownership_init_container(image))  # type: ignore[attr-defined]  (PodTemplates)
+            fix = self.fix_ownership_init_container(image)  # type: ignore[attr-defined]  (PodTemplates)
+            fix["securityContext"]["readOnlyRootFilesystem"] = True  # it writes only on the volume
+            init.append(fix)
         if pf["driver"] and int(v["worker"].get("minDriver") or 0) > 0:
             init.append({"name": "driver", **copy.deepcopy(common), "command": [
                 "python", "-m", "dapo.cluster.preflight", "driver", "--min-driver", str(int(v["worker"]["minDriver"]))]})
         if pf["storage"]["enabled"]:
             init.append({"name": "storage", **copy.deepcopy(common), "command": self.storage_check_args(),
                          "volumeMounts": copy.deepcopy(mounts)})
-        pod: dict[str, Any] = {"restartPolicy": "Never"}
+        pod: dict[str, Any] = {"restartPolicy": "Never", "automountServiceAccountToken": False}  # no API access
         if v.get("imagePullSecrets"):
             pod["imagePullSecrets"] = copy.deepcopy(v["imagePullSecrets"])
         if v.get("podSecurityContext"):
@@ -114,7 +120,8 @@ class PreflightJob(ChartContext):
         if pf["storage"]["enabled"]:
             pod["volumes"] = [self.preflight_volume()]
         meta = self.metadata(self.preflight_name, "preflight")
-        meta["annotations"] = dict(PREFLIGHT_HOOK)
+        fix = pf["storage"]["enabled"] and v["storage"]["fixOwnership"]["enabled"]
+        meta["annotations"] = {**PREFLIGHT_HOOK, **checkov_skips(PREFLIGHT_SKIPS + (FIX_SKIPS if fix else ()))}
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {
             "backoffLimit": 0, "activeDeadlineSeconds": int(pf["activeDeadlineSeconds"]),
             "template": {"metadata": {"labels": self.selector_labels("preflight")}, "spec": pod}}}
