@@ -218,7 +218,8 @@ class DAPOLoop(Validation, Resumable):
         self._dump(self.recipe.trainer.rollout_data_dir, batch, scores, step)
         metrics.update(self.step_metrics(step, batch, scores, adv, loss_mask, generated, sampler_stats))
         step_s = time.perf_counter() - t_step
-        metrics.update(timing_metrics(timing, step_s, float(np.sum(batch.stats.get("prompt_length", np.nan))),
+        prompts = batch.stats.get("prompt_length")  # token counts of the training batch: per-token timing, throughput
+        metrics.update(timing_metrics(timing, step_s, None if prompts is None else float(np.sum(prompts)),
                                       float(np.sum(batch.response_length)), self.backend.n_gpus))
         metrics.update(self.backend.fit_metrics(batch, adv, {**timing, "step": step_s}))  # verl's own functions
         return metrics
