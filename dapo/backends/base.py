@@ -138,7 +138,7 @@ class Backend(abc.ABC):
     def fit_metrics(self, batch: Rollout, advantages: np.ndarray, timing: dict[str, float]) -> dict[str, float]:
         """Metrics of the finished step computed by the backend itself, under verl's ``fit()`` names; they replace the
         loop's own values of the same names (:mod:`dapo.train.step_metrics`). ``timing`` holds the step's phase
-        seconds and ``step``. None by default; the verl backend returns what verl's own metric functions give on
+        seconds and ``step``. Nothing by default; the verl backend returns what verl's own metric functions give on
         its ``DataProto`` (:mod:`dapo.backends.verl.fit_metrics`)."""
         return {}
 
