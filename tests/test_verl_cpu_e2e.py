@@ -147,6 +147,7 @@ def _scenario(root: Path) -> dict:
     # checkpoint KILL_AFTER
     t0 = time.monotonic()
     cluster = LoopbackRayCluster(probed, root, env)
+    assert cluster.token, "token auth on, as the rendered RayJob's authOptions set it"
     try:
         nodes = cluster.wait_nodes()
         head = cluster.head.node_id

@@ -227,6 +227,7 @@ scripts/render.py). An existing claim is not sized here (docs/deploy.md, Storage
 {{- if and (not $v.storage.existingClaim) (not $v.storage.storageClassName) (or (and $v.train.enabled (ne $pl.backend "local") (not $pl.cpu)) $v.eval.enabled) -}}
 {{- fail (printf "storage.storageClassName: preset %q runs on GPU nodes and needs a ReadWriteMany StorageClass by name, or storage.existingClaim; the cluster default class (\"\") is ReadWriteOnce on EKS and GKE and the claim would stay Pending (kubectl get storageclass lists the classes)" $v.preset) -}}
 {{- end -}}
+{{- include "dapo.validateSecurity" . -}}
 {{- end -}}
 
 {{/*

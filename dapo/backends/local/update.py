@@ -3,7 +3,10 @@
 
 - ``compute_old_log_probs``: log pi_old of every response token with the current weights (logits / temperature, as
   verl), plus per-token entropy -> ``actor/entropy`` (aggregated with ``loss_agg_mode``, as verl) and
-  ``actor/mean_prob``.
+  ``actor/mean_prob``. Rows sampled with these very weights from pi_old's own distribution (temperature = the
+  recipe's, no top-p / top-k, float32: ``Generation._sampling_is_pi_old``) take both from generation instead of a
+  second forward pass (equal within 1e-5, ``tests/test_local_backend.py``); the others (a carried group, a bf16
+  run, truncated sampling) are recomputed.
 - ``update``: ``ppo_epochs`` passes over mini-batches of ``ppo_mini_batch_size`` prompts x ``n`` responses (in batch
   order, like verl), each split into micro-batches of ``local.micro_batch_size`` responses whose losses are
   :func:`dapo.loss.policy_loss` normalised by the whole mini-batch's token count (``global_tokens``; the token-level
@@ -38,7 +41,15 @@ from dapo.loss import agg_loss, entropy_from_logits, kl_penalty, log_probs_from_
 from dapo.util.flops import peak_flops, train_flops
 from dapo.util.lm_forward import prompt_forward
 
-__all__ = ["PolicyUpdate"]
+__all__ = ["CLIP_HIGH_BINS", "PolicyUpdate", "clip_high_key"]
+
+# pi_old bins of the up-clipped-token histogram (``actor/pg_clip_high_old_prob/<lo>``: token counts per update)
+CLIP_HIGH_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def clip_high_key(k: int) -> str:
+    """Metric name of bin ``k`` of :data:`CLIP_HIGH_BINS` (tokens stopped by the upper clip with pi_old in it)."""
+    return f"actor/pg_clip_high_old_prob/{CLIP_HIGH_BINS[k]:.1f}"
 
 
 class PolicyUpdate:
@@ -66,15 +77,17 @@ class PolicyUpdate:
         return [torch.tensor(rows[i : i + self.micro_batch_size]) for i in range(0, len(rows), self.micro_batch_size)]
 
     def _mfu(self, key: str, data: dict[str, torch.Tensor], seconds: float, passes: int = 1,
-             forward_only: bool = False) -> dict[str, float]:
-        """verl's ``perf/mfu/<key>``: model FLOPs of ``passes`` forward+backward passes over the batch's sequences
-        (prompt + response tokens, :func:`dapo.util.flops.train_flops`) / (seconds x the device's peak), / 3 for a
-        forward-only pass; nothing where the device's peak is unknown (a CPU, an unlisted GPU)."""
+             forward_only: bool = False, rows: Optional[list[int]] = None) -> dict[str, float]:
+        """verl's ``perf/mfu/<key>``: model FLOPs of ``passes`` forward+backward passes over the sequences of ``rows``
+        (all by default; prompt + response tokens, :func:`dapo.util.flops.train_flops`) / (seconds x the device's
+        peak), / 3 for a forward-only pass; nothing where the device's peak is unknown (a CPU, an unlisted GPU) or
+        no row was computed."""
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else str(self.device.type)
         peak = peak_flops(name)
-        if peak is None or seconds <= 0:
+        if peak is None or seconds <= 0 or rows == []:
             return {}
-        seqlens = (data["prompt_mask"].sum(1) + data["response_mask"].sum(1)).tolist()
+        seqlens = (data["prompt_mask"].sum(1) + data["response_mask"].sum(1))[rows if rows is not None else slice(None)]
+        seqlens = seqlens.tolist()
         flops = train_flops(self.model.config, seqlens) * passes / (3.0 if forward_only else 1.0)
         return {f"perf/mfu/{key}": flops / (seconds * peak)}
 
@@ -85,9 +98,15 @@ class PolicyUpdate:
         N, R = data["response_ids"].shape
         old = torch.zeros((N, R), dtype=torch.float32)
         ent = torch.zeros((N, R), dtype=torch.float32)
+        stale = list(range(N))
+        if "gen_log_prob" in data:  # sampled from pi_old itself with these very weights: reuse, recompute the rest
+            fresh = data["weights_tag"][:, 0] == self._weights_tag
+            old[fresh], ent[fresh] = data["gen_log_prob"][fresh], data["gen_entropy"][fresh]
+            stale = torch.nonzero(~fresh).flatten().tolist()
+        self.counters["old_log_prob_reused"] = self.counters.get("old_log_prob_reused", 0) + N - len(stale)
         was_training = self.model.training
         self.model.eval()
-        for idx in self._micro_batches(range(N)):
+        for idx in self._micro_batches(stale):
             logits, r_ids, _, w = self._forward_response(data, idx, self.recipe.rollout.temperature)
             old[idx, :w] = log_probs_from_logits(logits, r_ids).cpu()
             ent[idx, :w] = entropy_from_logits(logits).cpu()
@@ -98,7 +117,8 @@ class PolicyUpdate:
         out = {
             "actor/entropy": float(agg_loss(ent, mask, self.recipe.actor.loss_agg_mode)),
             "actor/mean_prob": float(masked_mean(old.exp(), mask)),
-            **self._mfu("actor_infer", data, time.perf_counter() - t0, forward_only=True),
+            # the rows recomputed here (rows reused from generation cost this pass nothing)
+            **self._mfu("actor_infer", data, time.perf_counter() - t0, forward_only=True, rows=stale),
         }
         if self.ref_model is not None:  # verl: reference log-probs after pi_old, before the update
             ref = torch.zeros((N, R), dtype=torch.float32)
@@ -132,6 +152,7 @@ class PolicyUpdate:
                 raise RuntimeError("use_kl_loss: update() needs the reference log-probs of compute_old_log_probs()")
             stats["kl_loss"] = []
         grad_norms: list[float] = []
+        self._clip_high_hist = torch.zeros(len(CLIP_HIGH_BINS) - 1)
         t0 = time.perf_counter()
         computed0 = self._computed_tokens
         self.model.train()
@@ -140,12 +161,15 @@ class PolicyUpdate:
                 grad_norms.append(self._mini_batch_step(data, list(range(start, min(N, start + mini))), rmask_all, adv,
                                                         stats))
         self.scheduler.step()
+        self._new_weights_tag()  # rollouts sampled before this update are no longer pi_old's samples
         self.model.eval()
         self.counters["update_tokens"] += self._computed_tokens - computed0
         self.counters["update_seconds"] += time.perf_counter() - t0
         out = {f"actor/{k}": float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
         out.update(self._mfu("actor", data, time.perf_counter() - t0, passes=a.ppo_epochs))
         out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
+        for k, count in enumerate(self._clip_high_hist.tolist()):
+            out[clip_high_key(k)] = float(count)
         out["actor/lr"] = float(lr_used)
         if a.use_kl_loss:
             out["actor/kl_coef"] = float(a.kl_loss_coef)
@@ -192,6 +216,18 @@ class PolicyUpdate:
             stats["kl_loss"].append(mb_kl)
         return gn
 
+    def _count_clip_high(self, log_prob: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, m: torch.Tensor) -> None:
+        """Histogram of pi_old over the tokens the upper clip stops (A > 0 and ratio > 1 + eps_high): what the DAPO
+        paper's Fig. 3 plots (its clip-higher motivation: the clipped tokens are mostly low-probability ones)."""
+        eps_high = self.recipe.actor.clip_ratio_high
+        ratio = torch.exp(torch.clamp(log_prob - old, -20, 20))
+        up = (adv[:, None] > 0) & (ratio > 1 + eps_high) & (m > 0)
+        if bool(up.any()):
+            p_old = old[up].exp().clamp(0, 1 - 1e-9).cpu()
+            edges = torch.tensor(CLIP_HIGH_BINS)
+            self._clip_high_hist += torch.bincount(torch.bucketize(p_old, edges[1:-1], right=True),
+                                                   minlength=len(edges) - 1).float()
+
     def _micro_batch_backward(self, data: dict[str, torch.Tensor], idx: torch.Tensor, rows: list[int],
                               rmask_all: torch.Tensor, adv: torch.Tensor, mb_tokens: float, mb_seqs: float
                               ) -> Optional[tuple[float, float, dict[str, torch.Tensor], float]]:
@@ -213,6 +249,7 @@ class PolicyUpdate:
             clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode,
             global_tokens=mb_tokens if glob else None, global_seqs=mb_seqs if glob else None,
         )
+        self._count_clip_high(log_prob.detach(), old, adv[idx].to(self.device), m)
         if not glob:  # the reference commit: per-micro-batch mean, divided by the accumulation steps
             loss = loss * (len(idx) / len(rows))
         if a.entropy_coeff:
