@@ -22,7 +22,7 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 PRESET ?= tiny
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-eval setup-trl setup-checkov train train-verl test test-fast lint render bench bench-peers clean
+.PHONY: setup setup-vllm setup-eval setup-trl setup-checkov train train-verl test test-fast lint render bench bench-peers bench-mechanisms clean
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +95,11 @@ render: setup
 
 bench: setup
 	$(VENV)/bin/python scripts/bench_core.py
+
+# DAPO's four mechanisms with / without on the tiny-mech task, 3 seeds (about an hour on 2 shared cores; cached runs
+# resume; see docs/ablation.md).
+bench-mechanisms: setup
+	$(VENV)/bin/dapo bench mechanisms
 
 # TRL's GRPOTrainer vs `dapo train` on the tiny task, interleaved rounds (minutes; see docs/performance.md).
 bench-peers: setup setup-trl
