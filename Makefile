@@ -28,7 +28,7 @@ $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
-	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" -e ".[verl,k8s,eval,dev]"
+	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" -e ".[verl,k8s,eval,dev,wandb]"
 	touch $@
 
 setup: $(VENV)/.stamp
