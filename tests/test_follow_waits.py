@@ -67,7 +67,11 @@ class StandInApi:
                         return self.send_json(403, {"kind": "Status", "code": 403})
                     if resource == "pods":
                         outer.selectors.append(urllib.parse.parse_qs(query).get("labelSelector", [""])[0])
-                    return self.send_json(200, {"items": list(outer.pods if resource == "pods" else outer.events)})
+                        return self.send_json(200, {"items": list(outer.pods)})
+                    # the API server's fieldSelector on events: type=Warning leaves the Normal ones out
+                    wanted = urllib.parse.parse_qs(query).get("fieldSelector", [""])[0]
+                    return self.send_json(200, {"items": [e for e in outer.events
+                                                          if wanted != "type=Warning" or e["type"] == "Warning"]})
                 self.send_json(404, {})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

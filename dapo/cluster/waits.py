@@ -94,7 +94,7 @@ class Waits:
             return [], None
         try:
             pods = self.api.list_json("pods", "labelSelector=" + urllib.parse.quote(self.selector))
-            events = self.api.list_json("events")
+            events = self.api.list_json("events", "fieldSelector=type%3DWarning")  # the API server filters
         except ApiUnavailable as exc:
             self.disabled = True
             return [], f"{exc}; waits are not explained, the run's logs still are"
