@@ -126,10 +126,18 @@ def test_one_epoch_of_the_duplicated_hub_file_is_months_of_rollout_steps():
     dedup = step_semantics(full, 17_917)
     assert dedup.rollout_steps_per_epoch == 17_917 // 1536
     assert dedup.epochs_for_paper == pytest.approx(PAPER_ROLLOUT_STEPS / (17_917 // 1536))
-    plan = make_plan(full)
+    one_epoch = load_preset("full", ["recipe.trainer.total_training_steps=null"])  # the reference's setting
+    plan = make_plan(one_epoch)
     assert plan.steps["total_rollout_steps"] == 1166
     assert plan.totals["days"] > 7
     assert any(c.key == "recipe.trainer.total_training_steps" for c in plan.warnings)
+
+
+def test_full_plans_a_run_of_the_papers_length():
+    plan = make_plan(load_preset("full"))
+    assert plan.steps["total_rollout_steps"] == PAPER_ROLLOUT_STEPS == 320
+    assert 3 < plan.totals["days"] < 5 and not any(c.key == "recipe.trainer.total_training_steps"
+                                                   for c in plan.warnings)
 
 
 def test_dynamic_sampling_overgenerates_and_too_low_keep_rate_is_an_error():

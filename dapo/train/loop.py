@@ -364,7 +364,7 @@ class DAPOLoop(Validation, Resumable):
                 metrics["timing_s/save_checkpoint"] = self.last_save_seconds
             if self._cadence(t.test_freq, step) and self.val_rows:
                 vm = self.validate()
-                self.val_history.append((step, vm))
+                self._record_validation(step, vm)
                 metrics.update(vm)
             logger.log(metrics, step)
             self.log(format_step_line(step, self.total_steps, metrics))
