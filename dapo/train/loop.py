@@ -134,6 +134,7 @@ class DAPOLoop(Validation, Resumable):
         self.gen_samples_total = 0
         self.val_history: list[tuple[int, dict[str, float]]] = []
         self._pending_metrics: Optional[dict[str, float]] = None  # a step's record not yet logged when it was saved
+        self.wandb_extra: dict[str, Any] = {}  # run facts for the wandb config besides the preset (the fabric check)
         self._bar = None
         self._t0 = time.time()
         self._cpu0 = cpu_seconds()
@@ -308,7 +309,7 @@ class DAPOLoop(Validation, Resumable):
         resumed = self._resume_or_start()
         logger = MetricsLogger(
             self.run_dir, t.logger, project=t.project_name, experiment=t.experiment_name,
-            config=self.preset.to_dict(), resume=resumed, warn=self.log,
+            config={**self.preset.to_dict(), **self.wandb_extra}, resume=resumed, warn=self.log,
         )
         try:
             return self._fit(logger)
