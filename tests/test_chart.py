@@ -49,10 +49,10 @@ def test_every_values_file_lints_strict_and_renders_its_preset(name):
     follower = ["Job", "Role", "RoleBinding", "ServiceAccount"]  # every RayJob's log follower (logs.enabled)
     assert ("Job", f"{release}-{'eval' if name == 'eval' else 'train'}-logs") in objects
     if name == "eval":
-        assert kinds == sorted(["RayJob"] + follower)
+        assert kinds == sorted(["NetworkPolicy", "RayJob"] + follower)
         return
     pdb = ["PodDisruptionBudget"] if values.get("disruption", {}).get("podDisruptionBudget") else []
-    assert kinds == sorted(["ConfigMap", "PersistentVolumeClaim", "RayJob"] + pdb + follower)
+    assert kinds == sorted(["ConfigMap", "NetworkPolicy", "PersistentVolumeClaim", "RayJob"] + pdb + follower)
     job = objects[("RayJob", f"{release}-train")]
     if values.get("train", {}).get("runner") == "reference":  # the upstream recipe; see tests/test_reference.py
         assert " python3 -m recipe.dapo.src.main_dapo " in job["spec"]["entrypoint"]

@@ -27,6 +27,7 @@ from dapo.config import apply_overrides, load_preset
 from dapo.k8s import ValuesError, load_values
 from dapo.k8s.manifests import Chart
 from dapo.k8s.presets import effective_preset, merged_preset, trainer_path
+from dapo.k8s.security import RESTRICTED_CONTAINER
 from dapo.config import split_overrides
 from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, follower_refusal, go_json, spec_sha256, upgrade_refusal
 from k8s_support import (
@@ -151,7 +152,8 @@ def test_operator_tolerates_a_dashboard_outage_longer_than_kuberays_default():
 def test_notes_warn_that_ipc_lock_needs_root():
     notes = helm_notes({**RWX, "ipcLock": True})
     assert "IPC_LOCK takes effect only for root" in notes
-    assert "IPC_LOCK" not in helm_notes({**RWX, "ipcLock": True, "securityContext": {"runAsUser": 0}})
+    assert "IPC_LOCK takes effect" not in helm_notes(
+        {**RWX, "ipcLock": True, "securityContext": {"runAsUser": 0, "runAsNonRoot": False}})
     assert "IPC_LOCK" not in helm_notes(RWX)
 
 
@@ -170,7 +172,10 @@ def test_k8s_job_mode_submitter_gets_the_account_priority_and_pod_security_conte
     assert h == p
     pod = p[("RayJob", "dapo-train")]["spec"]["submitterPodTemplate"]["spec"]
     assert pod["serviceAccountName"] == "runner" and pod["priorityClassName"] == "high"
-    assert pod["securityContext"] == {"fsGroup": 100}
+    # the chart's restricted defaults, with the value's fsGroup merged in (Helm merges maps)
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["podSecurityContext"]
+    assert pod["securityContext"] == {**defaults, "fsGroup": 100} and defaults["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"] == RESTRICTED_CONTAINER
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -274,14 +279,15 @@ def test_escape_hatches_reach_head_worker_and_eval_pods_in_helm_and_render_py():
         assert {"name": "ca-bundle", "configMap": {"name": "corp-ca"}} in head["volumes"]
         assert {"name": "local-nvme", "mountPath": "/scratch"} in worker["containers"][0]["volumeMounts"]
         for spec in (head, worker):
-            assert spec["securityContext"] == ESCAPES["podSecurityContext"]
+            assert spec["securityContext"] == {**ESCAPES["podSecurityContext"],
+                                               "seccompProfile": {"type": "RuntimeDefault"}}
             sc = spec["containers"][0]["securityContext"]
-            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
             assert sc["capabilities"]["add"] == ["SYS_PTRACE", "IPC_LOCK"]  # ipcLock merged, not replaced
         # the root ownership fix runs first, only in the head, and only it runs as root
         fix = head["initContainers"][0]
         assert fix["name"] == "fix-ownership" and fix["securityContext"]["runAsUser"] == 0
-        assert all("securityContext" not in c for c in head["initContainers"][1:])
+        assert all(c["securityContext"] == RESTRICTED_CONTAINER for c in head["initContainers"][1:])
         ann = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["metadata"]["annotations"]
         assert ann["karpenter.sh/do-not-disrupt"] == "true"
         assert ann["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"

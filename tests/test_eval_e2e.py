@@ -9,8 +9,10 @@ The vLLM-on-CPU venv's python comes from ``DAPO_VLLM_PYTHON`` (``make test`` set
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -61,19 +63,35 @@ def read_rows(path: Path) -> list[int]:
 
 @pytest.fixture
 def isolated_env(tmp_path):
-    """A clean HOME (no ~/.ray/auth_token from other runs), token auth off, no cluster address, offline hub."""
+    """A clean HOME (no ~/.ray/auth_token from other runs), no cluster address, offline hub, and Ray token auth on as
+    in the evaluation RayJob's pods (its authOptions make KubeRay set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN, a
+    base64 of 32 random bytes): the serving cluster, the driver and every Ray Serve / vLLM worker run with it."""
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_", "WANDB_"))}
     env.update(
         HOME=str(home),
-        RAY_AUTH_MODE="disabled",
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=base64.b64encode(secrets.token_bytes(32)).decode(),
         RAY_USAGE_STATS_ENABLED="0",
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+def unauthenticated_ray_init(py: str, ray_temp_dir: str, env: dict[str, str], home: Path) -> tuple[str, str]:
+    """ray.init to the GCS of the Ray cluster under ray_temp_dir from a fresh process and HOME without the token:
+    (its last stdout line, its stderr)."""
+    (port_file,) = Path(ray_temp_dir, "session_latest").glob("gcs_server_port_*")
+    home.mkdir(exist_ok=True)
+    env = {**{k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}, "HOME": str(home),
+           "RAY_AUTH_MODE": "disabled"}
+    script = ("import ray\ntry:\n    ray.init(address=%r)\n    print('JOINED')\nexcept Exception as exc:\n"
+              "    print('REFUSED', type(exc).__name__)\n" % f"127.0.0.1:{port_file.read_text().strip()}")
+    r = subprocess.run([py, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    return (r.stdout.strip().splitlines() or [""])[-1], r.stderr
 
 
 @pytest.fixture
@@ -138,6 +156,9 @@ def test_serve_llm_eval_killed_and_rerun_answers_each_row_once(tmp_path, aime_pa
 
         second = subprocess.run(client, env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        # the cluster that served it had token auth on: a ray.init without the token is refused by its GCS
+        intruder, err = unauthenticated_ray_init(py, ray_temp_dir, env, tmp_path / "intruder-home")
+        assert intruder.startswith("REFUSED") and "InvalidAuthToken" in err, (intruder, err[-2000:])
         gpu_out, _ = gpu_check.communicate(timeout=120)
         assert gpu_check.returncode == 0, gpu_out[-3000:]
         bundles = json.loads(gpu_out.strip().splitlines()[-1])

@@ -12,8 +12,10 @@ from kubernetes.utils.quantity import parse_quantity
 
 from k8s_support import by_key, helm_objects, set_files, user_values
 from kuberay_loopback import (
+    auth_env,
     convert_param_map,
     generate_ray_start_command,
+    kuberay_auth_token,
     kuberay_job_id,
     kuberay_submit_args,
     kuberay_submit_request,
@@ -146,3 +148,31 @@ def test_every_attempt_gets_a_new_job_id_unless_the_spec_pins_one():
 def test_convert_param_map_drops_false_switches():
     assert convert_param_map({"block": "true", "disable-usage-stats": "false", "num-cpus": "0"}) == \
         " --block  --num-cpus=0 "
+
+
+def test_auth_token_is_kuberays_generated_secret_or_the_users():
+    """RayClusterReconciler.reconcileAuthSecret / createAuthSecret and common/pod.go SetContainerTokenAuthEnvVars:
+    no token without authOptions.mode token; base64 of 32 random bytes, a new one per cluster; the user's Secret as
+    is (a missing one keeps the pods from starting); RAY_AUTH_MODE / RAY_AUTH_TOKEN only where the container does not
+    set them."""
+    import base64
+
+    job = _template_rayjob()
+    assert kuberay_auth_token(job) is None and auth_env(None) == {}
+    job["spec"]["rayClusterSpec"]["authOptions"] = {"mode": "disabled"}
+    assert kuberay_auth_token(job) is None
+    job["spec"]["rayClusterSpec"]["authOptions"] = {"mode": "token"}
+    a, b = kuberay_auth_token(job), kuberay_auth_token(job)
+    assert len(base64.b64decode(a, validate=True)) == 32 and a != b
+    assert auth_env(a) == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": a}
+    assert auth_env(a, {"RAY_AUTH_MODE"}) == {"RAY_AUTH_TOKEN": a}
+    job["spec"]["rayClusterSpec"]["authOptions"]["secretName"] = "ray-token"
+    assert kuberay_auth_token(job, {"ray-token": "s3cret"}) == "s3cret"
+    with pytest.raises(KeyError, match="ray-token"):
+        kuberay_auth_token(job, {})
+
+
+def test_the_rendered_rayjobs_turn_token_auth_on_for_the_loopback():
+    files, release = set_files("tiny")
+    job = by_key(helm_objects(user_values(files), release=release))[("RayJob", f"{release}-train")]
+    assert kuberay_auth_token(job)

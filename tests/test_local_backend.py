@@ -106,8 +106,9 @@ def test_top_k_1_and_tiny_top_p_sample_the_argmax():
     for s in (Sampling(n=1, top_k=1), Sampling(n=1, top_p=1e-6), Sampling(n=1, do_sample=False)):
         tok, ent, prob = LocalBackend._sample(logits, s, g)
         assert torch.equal(tok, logits.argmax(-1))
-    tok, ent, prob = LocalBackend._sample(logits, Sampling(n=1, temperature=1.0), g)
-    assert (ent > 0).all() and ((prob > 0) & (prob <= 1)).all()
+    tok, ent, logp = LocalBackend._sample(logits, Sampling(n=1, temperature=1.0), g)
+    assert (ent > 0).all() and (logp <= 0).all()
+    assert torch.allclose(logp, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1))
 
 
 def _update_after(assets, overrides, micro):
@@ -220,3 +221,44 @@ def test_validation_sampling_does_not_advance_the_training_sampling_stream(asset
     assert v1.response_text == v2.response_text  # seeded from the (unchanged) training stream
     be.generate(assets[2][:3], Sampling(n=2, max_tokens=5))
     assert not torch.equal(be.generator.get_state(), before)
+
+
+def _old_log_probs(be, batch, reuse: bool):
+    data = dict(batch.data)
+    if not reuse:
+        data = {k: v for k, v in data.items() if k not in ("gen_log_prob", "gen_entropy", "weights_tag")}
+    b = batch.take(np.arange(len(batch)), data)
+    m = be.compute_old_log_probs(b)
+    return b.data["old_log_prob"], m
+
+
+def test_pi_old_taken_from_generation_equals_the_recomputed_forward_within_1e_5(assets):
+    be = _backend(assets)
+    batch = be.generate(assets[2][:6], Sampling(n=4, max_tokens=10))
+    assert "gen_log_prob" in batch.data  # T = 1, no top-p / top-k, CPU float32: the sampling distribution is pi_old
+    reused0 = be.counters.get("old_log_prob_reused", 0)
+    got, m_got = _old_log_probs(be, batch, reuse=True)
+    assert be.counters["old_log_prob_reused"] - reused0 == len(batch)
+    want, m_want = _old_log_probs(be, batch, reuse=False)
+    mask = batch.data["response_mask"].bool()
+    assert mask.sum() > 20 and float((got - want).abs()[mask].max()) < 1e-5
+    assert abs(m_got["actor/entropy"] - m_want["actor/entropy"]) < 1e-5
+    assert abs(m_got["actor/mean_prob"] - m_want["actor/mean_prob"]) < 1e-5
+
+
+def test_pi_old_is_recomputed_after_an_update_and_for_truncated_or_validation_sampling(assets):
+    be = _backend(assets)
+    batch = be.generate(assets[2][:4], Sampling(n=3, max_tokens=8))
+    be.compute_old_log_probs(batch)
+    be.update(batch, np.linspace(-1.0, 1.0, len(batch)))
+    # the same rollout after the update (a group carried into the next step): sampled by weights that are gone
+    reused0 = be.counters["old_log_prob_reused"]
+    got, _ = _old_log_probs(be, batch, reuse=True)
+    want, _ = _old_log_probs(be, batch, reuse=False)
+    assert be.counters["old_log_prob_reused"] == reused0
+    assert torch.equal(got, want)
+    for s in (Sampling(n=2, max_tokens=6, top_p=0.7), Sampling(n=2, max_tokens=6, top_k=5),
+              Sampling(n=2, max_tokens=6, temperature=0.7), Sampling(n=2, max_tokens=6, validation=True)):
+        assert "gen_log_prob" not in be.generate(assets[2][:2], s).data, s
+    off = _backend(assets, reuse_gen_log_probs=False)
+    assert "gen_log_prob" not in off.generate(assets[2][:2], Sampling(n=2, max_tokens=6)).data

@@ -3,8 +3,11 @@
 The RayJob's cluster is stood up as KubeRay would (tests/kuberay_loopback.py): a head with the head group's
 rayStartParams, the worker group's replicas as separate raylets with the resources KubeRay derives from their
 rayStartParams and container resources; the shared volume is a temporary directory (the values' mount path points
-there). The rendered entrypoint, runtime env and entrypoint resources are submitted as KubeRay's submitter does. Then:
+there). The rendered entrypoint, runtime env and entrypoint resources are submitted as KubeRay's submitter does, with
+the token auth the rendered authOptions turn on (the loopback operator's token in every pod, KubeRay's header on the
+HTTPMode submission). Then:
 
+0. a submission without the token (401) or with a wrong one (403) and a ray.init without it are refused;
 1. an uninterrupted run: the driver (the DAPO loop) runs on a worker, not on the head;
 2. a second attempt of the same entrypoint loses the worker pod hosting its driver after its first checkpoint
    (SIGKILL to the raylet, then to every process of that pod): the job fails;
@@ -16,7 +19,8 @@ there). The rendered entrypoint, runtime env and entrypoint resources are submit
    `<trainer.default_local_dir>/logs/attempt-<N>.log`; both attempts logged to the same (offline) wandb run;
 5. the log follower, started from the rendered follower Job's command and arguments (its emptyDir and the shared
    volume under the test's directory) before the first attempt, printed both attempts' logs, every step line once,
-   and handed exit code 0 to the Job's main container, whose rendered command exits with it.
+   and handed exit code 0 to the Job's main container, whose rendered command exits with it; the token is in no file
+   the run wrote.
 
 Not modelled (docs/deploy.md, "What was rehearsed"): pod recreation by Kubernetes, image pulls, NCCL, losing the head,
 KubeRay's own retry controller (here the test resubmits; the head survives, where KubeRay builds a new cluster), the
@@ -49,8 +53,10 @@ from kuberay_loopback import (
     TERMINAL,
     VENV_BIN,
     LoopbackRayCluster,
+    files_containing,
     kuberay_job_id,
     stop_marked_processes,
+    unauthenticated_refusals,
 )
 
 pytestmark = pytest.mark.slow
@@ -220,6 +226,16 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         client = cluster.client()
         phase(f"cluster up: head + {len(workers)} workers {[nodes[w.node_id].resources_total for w in workers]}")
 
+        # token auth as the rendered RayJob sets it (authOptions; the loopback operator does what KubeRay does with
+        # it): whoever lacks the token is refused by the dashboard's Jobs API and by the GCS
+        assert spec["rayClusterSpec"]["authOptions"] == {"mode": "token"} and cluster.token
+        refused = unauthenticated_refusals(cluster)
+        assert (refused["no token"], refused["wrong token"]) == ("401", "403"), refused
+        assert refused["ray.init"].startswith("REFUSED"), refused["ray.init"]
+        assert "InvalidAuthToken" in refused["ray.init stderr"], refused["ray.init stderr"][-2000:]
+        assert refused["ray.init with the token"] == "JOINED", refused
+        phase("unauthenticated submission (401), wrong token (403) and ray.init without the token refused")
+
         def run_attempt(job_id):
             submitter = cluster.submit(job_id)
             deadline = time.monotonic() + 60
@@ -360,6 +376,8 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         for line in step_lines:  # every step line of both attempts, once each
             assert out.count(line + b"\n") == (first + second).count(line + b"\n"), line
         phase("one wandb run over both attempts; the follower printed both attempts and exited 0")
+        # the token is in no file the run wrote: Ray's logs, the driver logs, the follower's output, checkpoints
+        assert not files_containing(root, cluster.token), files_containing(root, cluster.token)
     finally:
         if follower is not None and follower.poll() is None:
             follower.kill()

@@ -62,6 +62,13 @@ EVERY_BRANCH = {
              "runtimeEnv": {"VLLM_LOGGING_LEVEL": "DEBUG"}},
     "logs": {"image": {"repository": "registry.local/dapo-logs", "tag": ""}, "rbac": {"create": False},
              "serviceAccountName": "log-reader", "ttlSecondsAfterFinished": 86400, "backoffLimit": 0},
+    "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
+    "rayAuth": {"secretName": "ray-token"},
+    "networkPolicy": {"operator": {"namespace": "ray-system", "podLabels": {"app": "kuberay"}},
+                      "extraIngress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "obs"}}}],
+                                        "ports": [{"protocol": "TCP", "port": 8080}]}],
+                      "restrictEgress": True,
+                      "extraEgress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": 3128}]}]},
 }
 
 
@@ -78,14 +85,16 @@ def test_helm_and_render_py_agree_on_every_template_branch():
     helm = by_key(helm_objects(copy.deepcopy(EVERY_BRANCH), release="r1", namespace="team-a"))
     python = by_key(python_objects([], release="r1", namespace="team-a", extra=copy.deepcopy(EVERY_BRANCH)))
     assert sorted(helm) == sorted(python) == [("ConfigMap", "dapo-exp-preset"), ("Job", "dapo-exp-eval-logs"),
-                                              ("Job", "dapo-exp-train-logs"), ("RayJob", "dapo-exp-eval"),
-                                              ("RayJob", "dapo-exp-train")]
+                                              ("Job", "dapo-exp-train-logs"), ("NetworkPolicy", "dapo-exp-ray"),
+                                              ("RayJob", "dapo-exp-eval"), ("RayJob", "dapo-exp-train")]
     for key in helm:
         assert python[key] == helm[key], key
     train = python[("RayJob", "dapo-exp-train")]["spec"]
     # the branches were really taken
     assert train["submissionMode"] == "SidecarMode" and "submitterPodTemplate" not in train
     assert train["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 3
+    assert train["rayClusterSpec"]["authOptions"] == {"mode": "token", "secretName": "ray-token"}
+    assert python[("NetworkPolicy", "dapo-exp-ray")]["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert "WANDB_TAGS" in yaml.safe_load(train["runtimeEnvYAML"])["env_vars"]
     assert yaml.safe_load(train["runtimeEnvYAML"])["env_vars"]["WANDB_TAGS"] == EVERY_BRANCH["train"]["runtimeEnv"][
         "WANDB_TAGS"]

@@ -81,12 +81,12 @@ def test_plan_fails_naming_the_values_key_when_the_loop_does_not_fit_its_worker(
     from dapo.plan.cli import main
 
     small = tmp_path / "small.yaml"
-    small.write_text(yaml.safe_dump({"worker": {"resources": {"limits": {"memory": "320Gi"}}, "shmSize": "64Gi"}}))
+    small.write_text(yaml.safe_dump({"worker": {"resources": {"limits": {"memory": "200Gi"}}, "shmSize": "64Gi"}}))
     rc = main(["--preset", "full", "--values", str(VALUES_DIR / "full.yaml"), "--values", str(small)])
     out = capsys.readouterr().out
     assert rc == 1
     (line,) = [ln for ln in out.splitlines() if "ERROR worker.resources.limits.memory" in ln]
-    assert "preset full: the loop needs ~59.0 GiB" in line and "320Gi" in line
+    assert "preset full: the loop needs ~59.0 GiB" in line and "200Gi" in line
 
 
 def test_plan_fails_on_a_too_small_volume_with_the_chart_message(tmp_path, capsys):

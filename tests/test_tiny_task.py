@@ -43,3 +43,28 @@ def test_min_digits_errors_name_the_key():
         make_problems(3, 10, 10, 0, 4)
     with pytest.raises(ValueError, match="too many distinct problems"):
         make_problems(2, 4000, 100, 0, 1)
+
+
+def test_recheck_and_guess_labels_of_tiny_mech_and_unchanged_labels_without_them():
+    import numpy as np
+
+    from dapo.tiny.task import MAX_RECHECKS, sft_response
+
+    p = Problem(47, 38)
+    rechecked = p.response(rechecks=2)
+    assert rechecked.count("Check:") == 2 and rechecked.count("7+8=15") == 3
+    assert compute_score(rechecked, "85")["acc"]  # long, but correct in substance
+    train, _ = make_problems(4, 300, 10, 1, 2)
+    # rates 0: the draws (and so the labels) are those of the tiny tasks
+    a = [sft_response(q, np.random.default_rng(3), 0.5) for q in train]
+    b = [sft_response(q, np.random.default_rng(3), 0.5, 0.0, 0.0) for q in train]
+    assert a == b
+    rng = np.random.default_rng(0)
+    labels = [sft_response(q, rng, 0.8, 0.4, 0.25) for q in train]
+    guesses = [t for t in labels if t.startswith("Answer:")]
+    checks = [t.count("Check:") for t in labels]
+    assert 0.3 < np.mean([c > 0 for c in checks]) < 0.5 and max(checks) == MAX_RECHECKS
+    assert 0.1 < len(guesses) / len(labels) < 0.2  # 25 % of the 60 % without rechecks
+    local = load_preset("tiny-mech").local
+    assert spec_key(local) != spec_key(dataclasses.replace(
+        local, warm_start=dataclasses.replace(local.warm_start, recheck_rate=0.0, guess_rate=0.0)))

@@ -15,6 +15,9 @@ saw to ``RECORD_DIR/events-<attempt>.jsonl`` (attempt = 1, 2, ... per invocation
   the workers into ``reloaded-<attempt>/``, so the test can compare it with the checkpoint it was loaded from.
 - ``DynamicSampler.add``: the group ids and filter-metric values of every training generation batch, i.e. the input
   of the paper's Algorithm 1 as the run saw it.
+- every verl call the loop makes on the trainer (:class:`dapo.bench.verl_calls.CallRecorder`: generate / validate,
+  sleep, update_weights, old log-prob, update, save, load), as ``call`` events in order, with the replicas' state
+  before each; the recorder's own calls above (the pre-sync probe, the re-save after a load) are left out.
 """
 
 from __future__ import annotations
@@ -46,7 +49,16 @@ def main(argv: list[str]) -> int:
     from dapo.data.files import read_rows
     from dapo.sampler import DynamicSampler
 
+    from dapo.bench.verl_calls import CallRecorder
+
     seen: dict = {"log_prob_calls": 0}
+    attach = workers_mod.RayWorkers._attach
+
+    def attach_recording(self, trainer):
+        attach(self, trainer)
+        seen["calls"] = CallRecorder(trainer, sink=lambda e: log(event="call", **e))
+
+    workers_mod.RayWorkers._attach = attach_recording
 
     init = backend_mod.VerlBackend.__init__
 
@@ -74,7 +86,8 @@ def main(argv: list[str]) -> int:
     def sync_weights(self, step):
         if attempt == 1 and not seen.get("presync"):
             seen["presync"] = True
-            before_first_sync(self)
+            with seen["calls"].paused():
+                before_first_sync(self)
         sync(self, step)
         log(event="sync", step=int(step))
 
@@ -100,7 +113,8 @@ def main(argv: list[str]) -> int:
     def load_checkpoint(self, directory):
         load(self, directory)
         again = record / f"reloaded-{attempt}"
-        self.trainer.actor_rollout_wg.save_checkpoint(str(again), None, 0, max_ckpt_to_keep=None)
+        with seen["calls"].paused():
+            self.trainer.actor_rollout_wg.save_checkpoint(str(again), None, 0, max_ckpt_to_keep=None)
         log(event="loaded", directory=str(directory), saved_again=str(again))
 
     workers_mod.RayWorkers.load_checkpoint = load_checkpoint

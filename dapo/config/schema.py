@@ -299,6 +299,12 @@ class WarmStartSpec:
     lr: float = 3e-3
     # Fraction of carrying problems whose SFT label carries a plausible systematic mistake ("forgot the carry").
     mistake_rate: float = 0.5
+    # Fraction of SFT labels that rewrite their working 1-3 times after ``Check:`` lines before answering: long
+    # responses (correct in substance) that a length cap cuts; 0 (the default) leaves the tiny tasks unchanged.
+    recheck_rate: float = 0.0
+    # Fraction of the other SFT labels that write only the answer line (short responses, mostly wrong when sampled);
+    # 0 (the default) leaves the tiny tasks unchanged.
+    guess_rate: float = 0.0
 
 
 @dataclass

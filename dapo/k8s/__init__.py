@@ -12,6 +12,8 @@ chart ``charts/dapo``. ``scripts/render.py`` is the command line; tests check bo
 - :mod:`dapo.k8s.helm_tests`: the `helm test` hook pods.
 - :mod:`dapo.k8s.manifests`: every object (ConfigMap, followers, PDB, PVC, the RayJobs): :class:`Chart`, :func:`build`.
 - :mod:`dapo.k8s.rules`: KubeRay controller rules that the CRD schemas do not encode.
+- :mod:`dapo.k8s.security`: Ray token auth (``authOptions``), the NetworkPolicy, the restricted securityContexts,
+  the Pod Security profile the values need.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ preset after the overrides, the object names, labels and metadata. :class:`dapo.
 :class:`dapo.k8s.rayjobs.RayJobs`, :class:`dapo.k8s.helm_tests.HelmTestPods` and :class:`dapo.k8s.manifests.Chart`
 build on it.
 
-Imports :mod:`dapo.k8s.presets` and :mod:`dapo.k8s.values` only.
+Imports :mod:`dapo.k8s.presets`, :mod:`dapo.k8s.security` and :mod:`dapo.k8s.values` only.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from dapo.k8s.presets import effective_preset, merged_preset
+from dapo.k8s.security import check_security
 from dapo.k8s.values import check, fullname, placement
 
 
@@ -32,6 +33,7 @@ class ChartContext:
         self.eval_job_name = f"{self.fullname}-eval"
         self.preset_cm_name = f"{self.fullname}-preset"
         check(values, train_job_name=self.train_job_name, eval_job_name=self.eval_job_name)
+        check_security(values)
         self.preset = merged_preset(values["preset"])
         self.placement = placement(values, self.preset)
         # the preset after the preset-key overrides: paths, experiment name and model of the run

@@ -23,7 +23,7 @@ A Job's pod template cannot change, so the Job carries ``dapo-k8s.github.io/spec
 upgrade is refused while the Job exists and its spec would change or its RayJob is gone
 (:func:`dapo.k8s.upgrade.follower_refusal`, the chart's ``dapo.followerGuard``).
 
-Imports :mod:`dapo.k8s.rayjobs`, :mod:`dapo.k8s.upgrade`; :mod:`dapo.reference.command` lazily (the reference
+Imports :mod:`dapo.k8s.rayjobs`, :mod:`dapo.k8s.security`, :mod:`dapo.k8s.upgrade`; :mod:`dapo.reference.command` lazily (the reference
 runner's log directory).
 """
 
@@ -33,6 +33,7 @@ import copy
 from typing import Any
 
 from dapo.k8s.rayjobs import RayJobs
+from dapo.k8s.security import FOLLOWER_SKIPS, checkov_skips
 from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, spec_sha256
 from dapo.k8s.presets import trainer_path
 
@@ -166,5 +167,5 @@ class LogFollowers(RayJobs):
             "spec": pod,
         }
         meta = self.metadata(self.follower_name(kind), f"{kind}-logs")
-        meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_sha256(spec)}
+        meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_sha256(spec), **checkov_skips(FOLLOWER_SKIPS)}
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}

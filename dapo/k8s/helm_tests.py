@@ -1,7 +1,7 @@
 """The ``helm test`` hook pods (not among the release's objects): ``K-test-shared`` writes and reads back the shared
 volume, ``K-test-gpu`` (``test.gpu``) checks one GPU worker's driver and devices -- the chart's ``test-*.yaml``.
 
-Imports :mod:`dapo.k8s.context` only.
+Imports :mod:`dapo.k8s.context` and :mod:`dapo.k8s.security` only.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import copy
 from typing import Any
 
 from dapo.k8s.context import ChartContext
+from dapo.k8s.security import RESTRICTED_CONTAINER, TEST_POD_SKIPS, checkov_skips
 
 TEST_HOOK = {"helm.sh/hook": "test", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
 
@@ -22,7 +23,8 @@ class HelmTestPods(ChartContext):
         v = self.v
         image = f"{v['image']['repository']}:{v['image']['tag']}"
         pods = []
-        common: dict[str, Any] = {"restartPolicy": "Never"}
+        # neither pod talks to the API server
+        common: dict[str, Any] = {"restartPolicy": "Never", "automountServiceAccountToken": False}
         if v.get("serviceAccountName"):
             common["serviceAccountName"] = v["serviceAccountName"]
         if v.get("imagePullSecrets"):
@@ -36,6 +38,7 @@ class HelmTestPods(ChartContext):
         shared["containers"] = [{
             "name": "shared-volume", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
             "command": ["/bin/sh", "-c", self.shared_test_script()],
+            "securityContext": {**copy.deepcopy(RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}},
             "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
         }]
@@ -60,6 +63,7 @@ class HelmTestPods(ChartContext):
                 "name": "gpu", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
                 "command": ["python", "-m", "dapo.train.gpu_check", "--min-driver", str(int(w.get("minDriver") or 0)),
                             "--gpus", str(gpus), "--torch"],
+                "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
                 "resources": {"requests": dict(res), "limits": dict(res)},
             }]
             pods.append(self._test_pod("gpu", spec))
@@ -67,7 +71,7 @@ class HelmTestPods(ChartContext):
 
     def _test_pod(self, what: str, spec: dict[str, Any]) -> dict[str, Any]:
         meta = self.metadata(f"{self.fullname}-test-{what}", "test")
-        meta["annotations"] = dict(TEST_HOOK)
+        meta["annotations"] = {**TEST_HOOK, **checkov_skips(TEST_POD_SKIPS[what])}
         return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
     def shared_test_script(self) -> str:

@@ -20,6 +20,8 @@ Objects (K = fullname), and the module that builds each:
   --test-file ... --output ...``.
 - ServiceAccount, Role, RoleBinding ``K-logs`` and Jobs ``K-train-logs`` / ``K-eval-logs`` (``logs.enabled``,
   :mod:`dapo.k8s.followers`): one log follower per RayJob, ``kubectl logs -f job/K-train-logs``.
+- NetworkPolicy ``K-ray`` (``networkPolicy.enabled``, :mod:`dapo.k8s.security`): the Ray pods accept ingress only
+  from the release's pods and the KubeRay operator (dashboard port).
 - PodDisruptionBudget ``K-train`` (``disruption.podDisruptionBudget``): maxUnavailable 0 over the training pods (here).
 - helm test pods (:mod:`dapo.k8s.helm_tests`; :meth:`Chart.test_pods`, not in :meth:`Chart.objects`):
   ``K-test-shared``, ``K-test-gpu``.
@@ -40,12 +42,13 @@ from typing import Any
 from dapo.k8s.followers import LogFollowers
 from dapo.k8s.helm_tests import HelmTestPods
 from dapo.k8s.presets import preset_files
+from dapo.k8s.security import NetworkPolicies
 
 # Labels only Helm writes; scripts/render.py output has none of them.
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 
 
-class Chart(LogFollowers, HelmTestPods):
+class Chart(LogFollowers, HelmTestPods, NetworkPolicies):
     """Every object of the chart: the ConfigMap, PDB and PVC here, the RayJobs (:class:`dapo.k8s.rayjobs.RayJobs`),
     their log followers (:class:`dapo.k8s.followers.LogFollowers`), the helm test pods
     (:class:`dapo.k8s.helm_tests.HelmTestPods`)."""
@@ -53,11 +56,15 @@ class Chart(LogFollowers, HelmTestPods):
     # -- objects -------------------------------------------------------------------------------------------------
 
     def objects(self) -> list[dict[str, Any]]:
-        """Every object but the helm test pods, in template order (ConfigMap, log followers, PDB, PVC, RayJobs)."""
+        """Every object but the helm test pods, in template order (ConfigMap, log followers, NetworkPolicy, PDB, PVC,
+        RayJobs)."""
         out = []
         if self.v["train"]["enabled"]:
             out.append(self.preset_configmap())
         out += self.follower_objects()
+        policy = self.network_policy()
+        if policy:
+            out.append(policy)
         if self.v["train"]["enabled"] and self.v["disruption"]["podDisruptionBudget"]:
             out.append(self.pdb())
         if not self.v["storage"]["existingClaim"]:

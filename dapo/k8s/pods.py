@@ -2,7 +2,7 @@
 securityContext), volumes and mounts, and the head's init containers (fix-ownership, data-prepare, model-fetch) --
 the chart's ``dapo.rayJob`` pod parts.
 
-Imports :mod:`dapo.k8s.context`, :mod:`dapo.k8s.presets` and :mod:`dapo.k8s.values`.
+Imports :mod:`dapo.k8s.context`, :mod:`dapo.k8s.presets`, :mod:`dapo.k8s.security` and :mod:`dapo.k8s.values`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from dapo.backends.verl.settings import CPU_RAY_CPUS_PER_GPU
 from dapo.k8s.context import ChartContext
 from dapo.k8s.presets import model_repo
+from dapo.k8s.security import FIX_OWNERSHIP_CONTAINER, RESTRICTED_CONTAINER
 from dapo.k8s.values import hub_offline
 
 DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
@@ -127,6 +128,7 @@ class PodTemplates(ChartContext):
                 out.append({
                     "name": "model-fetch", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
                     "command": ["hf", "download", repo], "env": self.hub_env(),
+                    "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
                     "resources": copy.deepcopy(v["dataPrep"]["resources"]),
                     "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
                 })
@@ -143,7 +145,7 @@ class PodTemplates(ChartContext):
         return {
             "name": "fix-ownership", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
             "command": ["/bin/sh", "-c", script],
-            "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
+            "securityContext": copy.deepcopy(FIX_OWNERSHIP_CONTAINER),
             "resources": {"requests": dict(SMALL), "limits": dict(SMALL)},
             "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
         }
@@ -165,6 +167,7 @@ class PodTemplates(ChartContext):
                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
                     "name": s["name"], "key": s["hfTokenKey"], "optional": s["hfTokenOptional"]}}},
             ] + [{"name": k, "value": v["env"][k]} for k in sorted(v["env"])],
+            "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
             "resources": copy.deepcopy(d["resources"]),
             "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
         }

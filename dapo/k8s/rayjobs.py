@@ -2,7 +2,7 @@
 upstream recipe through :mod:`dapo.reference`), the evaluation RayJob (``dapo eval run``), and the RayJob spec they
 share (submitter, cluster of :mod:`dapo.k8s.pods`, spec hash of :mod:`dapo.k8s.upgrade`).
 
-Imports :mod:`dapo.k8s.pods`, :mod:`dapo.k8s.presets`, :mod:`dapo.k8s.upgrade`; :mod:`dapo.config` and
+Imports :mod:`dapo.k8s.pods`, :mod:`dapo.k8s.presets`, :mod:`dapo.k8s.security`, :mod:`dapo.k8s.upgrade`; :mod:`dapo.config` and
 :mod:`dapo.reference` lazily (the reference runner only).
 """
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from dapo.k8s.pods import PodTemplates
 from dapo.k8s.presets import ValuesError, preset_files, trainer_path
+from dapo.k8s.security import RESTRICTED_CONTAINER, auth_options
 from dapo.util.gofmt import go_quote, go_string, q
 from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, spec_sha256
 
@@ -188,6 +189,7 @@ class RayJobs(PodTemplates):
                 "name": "ray-job-submitter",
                 "image": image,
                 "imagePullPolicy": v["image"]["pullPolicy"],
+                "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
                 "resources": copy.deepcopy(job["submitter"]["resources"]),
             }]
             spec["submitterPodTemplate"] = {"metadata": {"labels": self.selector_labels(f"{kind}-submitter")},
@@ -195,8 +197,13 @@ class RayJobs(PodTemplates):
         cluster: dict[str, Any] = {
             "rayVersion": ray_version or v["rayVersion"],
             "enableInTreeAutoscaling": False,
-            "headGroupSpec": self.head_group(kind=kind, image=image, presets=presets),
         }
+        auth = auth_options(v)
+        if auth:  # KubeRay sets RAY_AUTH_MODE / RAY_AUTH_TOKEN on every Ray container, its client sends the token
+            cluster["authOptions"] = auth
+        cluster.update({
+            "headGroupSpec": self.head_group(kind=kind, image=image, presets=presets),
+        })
         if nodes > 0:
             cluster["workerGroupSpecs"] = [
                 self.worker_group(kind=kind, image=image, nodes=nodes, gpus=gpus, presets=presets,

@@ -174,6 +174,14 @@ def runtime_report(preset: Preset, dataset_rows: Optional[int], value_files: lis
     L.append("")
     L.append("Storage (the shared volume)")
     L.append(f"  needs {st['summary']}")
+    if preset.placement.backend != "local":
+        hf = 4.0 * sizing.model_params(preset)  # verl's hf_model: the fp32 full state dict, gathered on rank 0
+        gbps = Assumptions().storage_gbps
+        L.append(f"  checkpoint contents {', '.join(sizing.CHECKPOINT_CONTENTS)} (checkpoint.save_contents); "
+                 + ("with" if sizing.HF_MODEL_SAVED else "without") + f" hf_model, whose full-weights copy costs "
+                 f"{fb(hf)} per checkpoint, {fb(hf)} of host memory on rank 0's pod and >= {hf / (gbps * 1e9):.0f} s "
+                 f"per save (one rank writing at {gbps:g} GB/s, the others waiting); `dapo eval export` makes the same "
+                 "HF weights from the shards when a checkpoint is scored")
     if values is not None:
         s = values["storage"]
         if s["existingClaim"]:

@@ -11,8 +11,10 @@ The loop is the Ray job driver, started on a worker pod (the training RayJob's `
                                                                  context, NCCL and pinned buffers, Python)
               + FSDP offload per node                           (fp32 params / Adam moments with param_offload /
                                                                  optimizer_offload, sharded over all GPUs)
-              + 4 N                                              (verl's hf_model save gathers the full fp32 state
-                                                                 dict on rank 0's pod; the loop may share it)
+              + 4 N, only with hf_model in save_contents         (verl's hf_model save gathers the full fp32 state
+                                                                 dict on rank 0's pod; the loop may share it; the
+                                                                 presets save none: dapo.backends.verl.settings.
+                                                                 CHECKPOINT_CONTENTS)
 
 Local-backend presets run the whole model in the loop's process; only /dev/shm is reserved there.
 
@@ -37,12 +39,14 @@ Storage
 -------
 At most ``max_ckpt_to_keep + 1`` checkpoints exist at once (dapo.train.checkpoint prunes before and after a save),
 plus the one with the best validation score when it is older (never deleted; counted when ``test_freq`` > 0). One
-verl checkpoint of an N-parameter model: fp32 FSDP model shards (4N) + Adam moments (8N) + ``hf_model`` (4N: verl
-passes the fp32 full state dict to ``save_pretrained``); the model download in the HF cache is bf16 (2N); data is a
+verl checkpoint of an N-parameter model: fp32 FSDP model shards (4N) + Adam moments (8N) (+ 4N with ``hf_model`` in
+``save_contents``: verl passes the fp32 full state dict to ``save_pretrained``; the presets save none); the model
+download in the HF cache is bf16 (2N); data is a
 fixed allowance; 10% headroom on top. ``max_ckpt_to_keep: null`` (keep all) counts every checkpoint the run saves.
 
 The chart's copy of these numbers (charts/dapo/files/requirements.yaml) is written by :mod:`dapo.plan.cli`.
-Imports :mod:`dapo.plan.models` (the model's parameters) only; :mod:`dapo.k8s` (the chart's values check) and
+Imports :mod:`dapo.plan.models` (the model's parameters) and the checkpoint contents of
+:mod:`dapo.backends.verl.settings` only; :mod:`dapo.k8s` (the chart's values check) and
 :mod:`dapo.plan.cli` sit on top of it.
 """
 
@@ -53,6 +57,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from dapo.backends.verl.settings import CHECKPOINT_CONTENTS
+
+# verl's full-weights HF copy at every save (rank 0 gathers the fp32 model): not in the presets' save_contents
+HF_MODEL_SAVED = "hf_model" in CHECKPOINT_CONTENTS
 GIB = 1024**3
 TIB = 1024**4
 
@@ -160,7 +168,7 @@ def worker_reserved(preset, shm_bytes: float, A: SizingAssumptions = SizingAssum
         out["worker_processes"] = gpn * A.worker_process_gib * GIB
         out["fsdp_offload"] = gpn * ((4.0 * N / shards if p.parallel.param_offload else 0.0)
                                      + (8.0 * N / shards if p.parallel.optimizer_offload else 0.0))
-        out["hf_model_gather"] = 4.0 * N
+        out["hf_model_gather"] = 4.0 * N if HF_MODEL_SAVED else 0.0
     out["total"] = sum(out.values())
     return out
 
@@ -177,7 +185,7 @@ def storage(preset, A: SizingAssumptions = SizingAssumptions()) -> dict[str, Any
     """Bytes the run's volume needs (module doc) and a one-line account of them."""
     t = preset.recipe.trainer
     N = model_params(preset)
-    per_ckpt = (4.0 + 8.0 + 4.0) * N if preset.placement.backend != "local" else 16.0 * N
+    per_ckpt = (4.0 + 8.0 + (4.0 if HF_MODEL_SAVED else 0.0)) * N if preset.placement.backend != "local" else 16.0 * N
     keep = t.max_ckpt_to_keep if t.max_ckpt_to_keep and t.max_ckpt_to_keep > 0 else None
     saved = checkpoints_saved(preset)
     if keep is not None:

@@ -45,7 +45,11 @@ def spec_key(local) -> str:
         "model": dataclasses.asdict(local.model),
         # min_digits=0 (the default) is left out so the tiny task keeps the cache key it had before the field existed
         "task": {k: v for k, v in dataclasses.asdict(local.task).items() if (k, v) != ("min_digits", 0)},
-        "warm_start": dataclasses.asdict(local.warm_start),
+        # recheck_rate=0 and guess_rate=0 (the defaults) are left out for the same reason
+        "warm_start": {
+            k: v for k, v in dataclasses.asdict(local.warm_start).items()
+            if (k, v) not in (("recheck_rate", 0), ("guess_rate", 0))
+        },
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -83,6 +87,8 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
         corpus = ["user\n" + dapo_prompt(p.text()) for p in train[:500]]
         corpus += ["assistant\n" + p.response() for p in train]
         corpus += ["assistant\n" + p.response(forget_carry=True) for p in train[:500]]
+        if local.warm_start.recheck_rate > 0:
+            corpus += ["assistant\n" + p.response(rechecks=1) for p in train[:500]]
         train_tokenizer(corpus, local.model.vocab_size, d)
 
     def build_data(d: Path) -> None:
@@ -119,7 +125,8 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
                 torch.manual_seed(local.model.seed)
                 info = sft(
                     model, tokenizer, train, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
-                    mistake_rate=ws.mistake_rate, seed=local.model.seed, log=log,
+                    mistake_rate=ws.mistake_rate, seed=local.model.seed, log=log, recheck_rate=ws.recheck_rate,
+                    guess_rate=ws.guess_rate,
                 )
         model.save_pretrained(str(d))
         tokenizer.save_pretrained(str(d))

@@ -62,11 +62,12 @@ class Problem:
     def columns(self) -> int:
         return max(len(str(self.a)), len(str(self.b)))
 
-    def solution(self, forget_carry: bool = False) -> tuple[str, int]:
+    def solution(self, forget_carry: bool = False, rechecks: int = 0) -> tuple[str, int]:
         """(response text, its final answer): one line per column, units first, then ``Answer: <n>``.
 
         ``forget_carry``: the systematic mistake -- carries are never added to the next column (nor written as a
-        leading digit).
+        leading digit). ``rechecks``: the working is written again that many times, each copy after a ``Check:``
+        line, before the answer (a long, correct-in-substance response that a length cap may cut).
         """
         lines, digits, carry = [], [], 0
         for i in range(self.columns()):
@@ -78,7 +79,10 @@ class Problem:
         if carry:
             digits.append(carry)
         answer = int("".join(str(d) for d in reversed(digits)))
-        return "\n".join(lines + [f"Answer: {answer}"]), answer
+        body = list(lines)
+        for _ in range(rechecks):
+            body += ["Check:"] + lines
+        return "\n".join(body + [f"Answer: {answer}"]), answer
 
     @property
     def no_carry_answer(self) -> int:
@@ -88,8 +92,8 @@ class Problem:
     def text(self) -> str:
         return f"What is {self.a} + {self.b}?"
 
-    def response(self, forget_carry: bool = False) -> str:
-        return self.solution(forget_carry)[0]
+    def response(self, forget_carry: bool = False, rechecks: int = 0) -> str:
+        return self.solution(forget_carry, rechecks)[0]
 
 
 def make_problems(
@@ -157,7 +161,21 @@ def write_parquet(problems: list[Problem], split: str, path: Path) -> Path:
     return path
 
 
-def sft_response(p: Problem, rng: np.random.Generator, mistake_rate: float) -> str:
+MAX_RECHECKS = 3
+
+
+def sft_response(
+    p: Problem, rng: np.random.Generator, mistake_rate: float, recheck_rate: float = 0.0, guess_rate: float = 0.0
+) -> str:
     """A warm-start label: correct, or -- on carrying problems, with probability ``mistake_rate`` -- the
-    "forgot the carry" solution."""
-    return p.response(forget_carry=bool(p.carries and rng.random() < mistake_rate))
+    "forgot the carry" solution. Two more label styles, each drawn only when its rate is > 0 (so the labels of the
+    tiny tasks do not depend on them): with probability ``recheck_rate`` the working is rewritten 1 to
+    :data:`MAX_RECHECKS` times after ``Check:`` lines before the answer (long, correct in substance, cut by a length
+    cap); otherwise with probability ``guess_rate`` only the answer line is written (short: a model this small
+    cannot add several digits without the working, so sampled guesses are mostly wrong)."""
+    forget = bool(p.carries and rng.random() < mistake_rate)
+    rechecks = int(rng.integers(1, MAX_RECHECKS + 1)) if recheck_rate > 0 and rng.random() < recheck_rate else 0
+    text, answer = p.solution(forget_carry=forget, rechecks=rechecks)
+    if not rechecks and guess_rate > 0 and rng.random() < guess_rate:
+        return f"Answer: {answer}"
+    return text

@@ -31,6 +31,8 @@ def sft(
     lr: float,
     mistake_rate: float,
     seed: int,
+    recheck_rate: float = 0.0,
+    guess_rate: float = 0.0,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Train ``model`` in place; returns {"loss": final smoothed loss, "seconds": wall, "steps": steps}.
@@ -72,7 +74,7 @@ def sft(
     for step in range(steps):
         idx = rng.integers(0, len(problems), size=batch_size)
         prompts = [torch.tensor(prompt_ids(int(i))) for i in idx]
-        resps = [encode_response(tokenizer, sft_response(problems[int(i)], rng, mistake_rate)) for i in idx]
+        resps = [encode_response(tokenizer, sft_response(problems[int(i)], rng, mistake_rate, recheck_rate, guess_rate)) for i in idx]
         p_ids, p_mask = left_pad(prompts, pad)
         width = max(len(r) for r in resps)
         r_ids = torch.full((batch_size, width), pad, dtype=torch.long)

@@ -124,6 +124,8 @@ BACKEND_ONLY: dict[str, dict[str, str]] = {
     "local": {
         "rollout/entropy": "entropy of the sampling distribution (the local backend has the full logits; vLLM returns "
                            "only the sampled tokens' log-probs)",
+        "actor/pg_clip_high_old_prob/": "tokens stopped by the upper clip (A > 0, ratio > 1 + eps_high) in this update, "
+                                        "per pi_old bin of width 0.2 named by its lower edge (the paper's Fig. 3)",
     },
 }
 

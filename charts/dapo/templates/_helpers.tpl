@@ -372,6 +372,16 @@ securityContext:
 {{- end -}}
 
 {{/*
+The container half of the Pod Security Standard "restricted": the securityContext of the chart's helper containers
+(data preparation, model download, submitter, helm tests). dapo.k8s.security.RESTRICTED_CONTAINER is the same.
+*/}}
+{{- define "dapo.restrictedContainer" -}}
+allowPrivilegeEscalation: false
+capabilities:
+  drop: [ALL]
+{{- end -}}
+
+{{/*
 Volumes of a Ray pod. Usage: include "dapo.volumes" (dict "root" $ "shm" "16Gi" "presets" true "extra" $list)
 */}}
 {{- define "dapo.volumes" -}}
@@ -427,6 +437,8 @@ Init containers of the Ray head, in order: fix-ownership (storage.fixOwnership, 
   command: ["hf", "download", {{ . | quote }}]
   env:
     {{- include "dapo.hubEnv" $.root | nindent 4 }}
+  securityContext:
+    {{- include "dapo.restrictedContainer" . | nindent 4 }}
   resources:
     {{- toYaml $v.dataPrep.resources | nindent 4 }}
   volumeMounts:
@@ -455,6 +467,10 @@ The directories storage.fixOwnership hands to uid:gid: the mount, the data and t
     runAsUser: 0
     runAsGroup: 0
     runAsNonRoot: false
+    allowPrivilegeEscalation: false
+    capabilities:
+      drop: [ALL]
+      add: [CHOWN, DAC_OVERRIDE, FOWNER]
   resources:
     requests:
       cpu: 100m
@@ -510,6 +526,8 @@ The data preparation init container of the Ray head.
     - name: {{ $k | quote }}
       value: {{ $val | quote }}
     {{- end }}
+  securityContext:
+    {{- include "dapo.restrictedContainer" . | nindent 4 }}
   resources:
     {{- toYaml .root.Values.dataPrep.resources | nindent 4 }}
   volumeMounts:
@@ -608,12 +626,22 @@ spec:
         - name: ray-job-submitter
           image: {{ .image }}
           imagePullPolicy: {{ $v.image.pullPolicy }}
+          securityContext:
+            {{- include "dapo.restrictedContainer" . | nindent 12 }}
           resources:
             {{- toYaml $job.submitter.resources | nindent 12 }}
   {{- end }}
   rayClusterSpec:
     rayVersion: {{ .rayVersion | default $v.rayVersion | quote }}
     enableInTreeAutoscaling: false
+    {{- if $v.rayAuth.enabled }}
+    # KubeRay sets RAY_AUTH_MODE / RAY_AUTH_TOKEN on every Ray container and sends the token on HTTPMode requests
+    authOptions:
+      mode: token
+      {{- with $v.rayAuth.secretName }}
+      secretName: {{ . }}
+      {{- end }}
+    {{- end }}
     headGroupSpec:
       rayStartParams:
         {{- toYaml $v.head.rayStartParams | nindent 8 }}
@@ -807,6 +835,7 @@ Pod settings of the helm test pods: never restarted, the Ray pods' account, pull
 */}}
 {{- define "dapo.testPodCommon" -}}
 restartPolicy: Never
+automountServiceAccountToken: false
 {{- with .Values.serviceAccountName }}
 serviceAccountName: {{ . }}
 {{- end }}

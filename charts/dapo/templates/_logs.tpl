@@ -74,10 +74,11 @@ kind: Job
 metadata:
   name: {{ $rayjob }}-logs
   namespace: {{ $root.Release.Namespace }}
-  {{- with .hash }}
   annotations:
+    {{- with .hash }}
     dapo-k8s.github.io/spec-sha256: {{ . }}
-  {{- end }}
+    {{- end }}
+    {{- include "dapo.checkovSkips" (list "CKV_K8S_15" "CKV_K8S_38" "CKV_K8S_40" "CKV_K8S_43") | nindent 4 }}
   labels:
     {{- include "dapo.labels" (dict "root" $root "component" (printf "%s-logs" .kind)) | nindent 4 }}
 spec:

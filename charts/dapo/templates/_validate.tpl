@@ -239,6 +239,7 @@ scripts/render.py). An existing claim is not sized here (docs/deploy.md, Storage
 {{- fail "fabric.check: the check runs in our trainer (dapo train --fabric-check); train.runner reference starts the upstream recipe, which has none" -}}
 {{- end -}}
 {{- end -}}
+{{- include "dapo.validateSecurity" . -}}
 {{- end -}}
 
 {{/*

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -59,6 +60,9 @@ class LocalBackend(Generation, PolicyUpdate, Backend):
         "response_mask": (0, False),
         "old_log_prob": (0.0, False),
         "ref_log_prob": (0.0, False),
+        "gen_log_prob": (0.0, False),
+        "gen_entropy": (0.0, False),
+        "weights_tag": (0, False),
     }
 
     def __init__(
@@ -72,6 +76,7 @@ class LocalBackend(Generation, PolicyUpdate, Backend):
         gen_chunk_size: int = 512,
         seed: int = 1,
         share_prefix: bool = True,
+        reuse_gen_log_probs: bool = True,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -126,6 +131,13 @@ class LocalBackend(Generation, PolicyUpdate, Backend):
         # (update_tokens: positions run through forward+backward, the shared prompt prefix counted once)
         self.counters = {"gen_tokens": 0, "gen_seconds": 0.0, "update_tokens": 0, "update_seconds": 0.0}
         self._computed_tokens = 0
+        # pi_old from generation (dapo.backends.local.update.compute_old_log_probs) where the sampling distribution
+        # is pi_old's; the tag names the weights a rollout was sampled with and changes at every update / load
+        self.reuse_gen_log_probs = bool(reuse_gen_log_probs)
+        self._new_weights_tag()
+
+    def _new_weights_tag(self) -> None:
+        self._weights_tag = int.from_bytes(os.urandom(7), "little")
 
     # ---------------------------------------------------------------------------------------------------------------
     def _eos_ids(self, model_path: str) -> set[int]:
@@ -233,4 +245,5 @@ class LocalBackend(Generation, PolicyUpdate, Backend):
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.generator.set_state(st["generator"])
+        self._new_weights_tag()
         self._next_gid = int(st.get("next_gid", 0))

@@ -71,7 +71,8 @@ class Generation:
 
     @staticmethod
     def _sample(logits: torch.Tensor, s: Sampling, gen: torch.Generator):
-        """Next tokens from ``logits`` [B, V]; returns (tokens, entropy, prob) of the sampling distribution."""
+        """Next tokens from ``logits`` [B, V]; returns (tokens, entropy, log-prob of the token) of the sampling
+        distribution."""
         logits = logits.float()
         if not s.do_sample or s.temperature <= 0:
             logp = torch.log_softmax(logits, dim=-1)
@@ -91,8 +92,17 @@ class Generation:
             tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
         p = logp.exp()
         ent = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
-        prob = p.gather(-1, tok[:, None]).squeeze(-1)
-        return tok, ent, prob
+        return tok, ent, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+    def _sampling_is_pi_old(self, s: Sampling) -> bool:
+        """True when ``s`` samples from exactly the distribution ``compute_old_log_probs`` evaluates: a training
+        request, sampled at the recipe's temperature with no top-p / top-k truncation, in float32 (no autocast: under
+        bf16 autocast the cached decoding and the full forward differ by more than rounding)."""
+        return (
+            self.reuse_gen_log_probs and s.do_sample and not s.validation and s.temperature > 0
+            and s.temperature == self.recipe.rollout.temperature and s.top_p >= 1.0
+            and (s.top_k is None or s.top_k <= 0) and self.device.type == "cpu"
+        )
 
     @torch.no_grad()
     def _generate_chunk(self, prompt_ids: list[list[int]], s: Sampling, gen: torch.Generator):
@@ -116,11 +126,11 @@ class Generation:
         eos = torch.tensor(sorted(self.eos_ids), device=dev)
         toks, ents, probs = [], [], []
         for _ in range(s.max_tokens):
-            tok, ent, prob = self._sample(logits, s, gen)
+            tok, ent, lp = self._sample(logits, s, gen)
             tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
             toks.append(tok)
             ents.append(torch.where(finished, torch.zeros_like(ent), ent))
-            probs.append(torch.where(finished, torch.zeros_like(prob), prob))
+            probs.append(torch.where(finished, torch.zeros_like(lp), lp))
             finished = finished | torch.isin(tok, eos)
             if bool(finished.all()):
                 break
@@ -134,7 +144,7 @@ class Generation:
             cache, logits = out.past_key_values, out.logits[:, -1]
         resp = torch.stack(toks, dim=1) if toks else torch.zeros((N, 0), dtype=torch.long, device=dev)
         ent = torch.stack(ents, dim=1) if ents else torch.zeros((N, 0), device=dev)
-        prob = torch.stack(probs, dim=1) if probs else torch.zeros((N, 0), device=dev)
+        logp = torch.stack(probs, dim=1) if probs else torch.zeros((N, 0), device=dev)
         # response mask: every token up to and including the first EOS
         is_eos = torch.isin(resp, eos)
         after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
@@ -142,7 +152,7 @@ class Generation:
         truncated = ~is_eos.any(dim=1)
         return (
             ids.repeat_interleave(n, dim=0).cpu(), p_mask.repeat_interleave(n, dim=0).cpu(), resp.cpu(), rmask.cpu(),
-            truncated.cpu(), ent.cpu(), prob.cpu(),
+            truncated.cpu(), ent.cpu(), logp.cpu(),
         )
 
     def generate(self, prompts: list[dict[str, Any]], sampling: Sampling, group_ids: Optional[list] = None) -> Rollout:
@@ -177,7 +187,8 @@ class Generation:
         rmask = torch.cat([_repad(p[3], R, 0, False) for p in parts])
         truncated = torch.cat([p[4] for p in parts]).numpy()
         ent = torch.cat([_repad(p[5], R, 0.0, False) for p in parts])
-        prob = torch.cat([_repad(p[6], R, 0.0, False) for p in parts])
+        logp = torch.cat([_repad(p[6], R, 0.0, False) for p in parts]) * rmask
+        prob = logp.exp() * rmask
         lengths = rmask.sum(dim=1)
         n = sampling.n
         texts = self.tokenizer.batch_decode(
@@ -186,13 +197,20 @@ class Generation:
         denom = lengths.clamp(min=1).float()
         self.counters["gen_tokens"] += int(lengths.sum())
         self.counters["gen_seconds"] += time.perf_counter() - t0
+        data = {"prompt_ids": p_ids, "prompt_mask": p_mask, "response_ids": resp, "response_mask": rmask}
+        if self._sampling_is_pi_old(sampling):
+            # the sampling distribution is pi_old's: keep its log-probs and entropies for compute_old_log_probs
+            # (dapo.backends.local.update), tagged with the weights that produced them
+            data["gen_log_prob"] = logp.float()
+            data["gen_entropy"] = (ent * rmask).float()
+            data["weights_tag"] = torch.full((len(resp), 1), self._weights_tag, dtype=torch.long)
         return Rollout(
             group_ids=np.asarray([g for g in group_ids for _ in range(n)], dtype=object),
             prompt_rows=[r for r in prompts for _ in range(n)],
             response_text=texts,
             response_length=lengths.numpy().astype(np.int64),
             truncated=truncated.astype(bool),
-            data={"prompt_ids": p_ids, "prompt_mask": p_mask, "response_ids": resp, "response_mask": rmask},
+            data=data,
             stats={
                 "entropy": ((ent * rmask).sum(1) / denom).numpy(),
                 "mean_prob": ((prob * rmask).sum(1) / denom).numpy(),

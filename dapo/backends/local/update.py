@@ -3,7 +3,10 @@
 
 - ``compute_old_log_probs``: log pi_old of every response token with the current weights (logits / temperature, as
   verl), plus per-token entropy -> ``actor/entropy`` (aggregated with ``loss_agg_mode``, as verl) and
-  ``actor/mean_prob``.
+  ``actor/mean_prob``. Rows sampled with these very weights from pi_old's own distribution (temperature = the
+  recipe's, no top-p / top-k, float32: ``Generation._sampling_is_pi_old``) take both from generation instead of a
+  second forward pass (equal within 1e-5, ``tests/test_local_backend.py``); the others (a carried group, a bf16
+  run, truncated sampling) are recomputed.
 - ``update``: ``ppo_epochs`` passes over mini-batches of ``ppo_mini_batch_size`` prompts x ``n`` responses (in batch
   order, like verl), each split into micro-batches of ``local.micro_batch_size`` responses whose losses are
   :func:`dapo.loss.policy_loss` normalised by the whole mini-batch's token count (``global_tokens``; the token-level
@@ -36,7 +39,15 @@ from dapo.backends.base import Rollout
 from dapo.loss import agg_loss, entropy_from_logits, kl_penalty, log_probs_from_logits, masked_mean, policy_loss
 from dapo.util.lm_forward import prompt_forward
 
-__all__ = ["PolicyUpdate"]
+__all__ = ["CLIP_HIGH_BINS", "PolicyUpdate", "clip_high_key"]
+
+# pi_old bins of the up-clipped-token histogram (``actor/pg_clip_high_old_prob/<lo>``: token counts per update)
+CLIP_HIGH_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def clip_high_key(k: int) -> str:
+    """Metric name of bin ``k`` of :data:`CLIP_HIGH_BINS` (tokens stopped by the upper clip with pi_old in it)."""
+    return f"actor/pg_clip_high_old_prob/{CLIP_HIGH_BINS[k]:.1f}"
 
 
 class PolicyUpdate:
@@ -69,9 +80,15 @@ class PolicyUpdate:
         N, R = data["response_ids"].shape
         old = torch.zeros((N, R), dtype=torch.float32)
         ent = torch.zeros((N, R), dtype=torch.float32)
+        stale = list(range(N))
+        if "gen_log_prob" in data:  # sampled from pi_old itself with these very weights: reuse, recompute the rest
+            fresh = data["weights_tag"][:, 0] == self._weights_tag
+            old[fresh], ent[fresh] = data["gen_log_prob"][fresh], data["gen_entropy"][fresh]
+            stale = torch.nonzero(~fresh).flatten().tolist()
+        self.counters["old_log_prob_reused"] = self.counters.get("old_log_prob_reused", 0) + N - len(stale)
         was_training = self.model.training
         self.model.eval()
-        for idx in self._micro_batches(range(N)):
+        for idx in self._micro_batches(stale):
             logits, r_ids, _, w = self._forward_response(data, idx, self.recipe.rollout.temperature)
             old[idx, :w] = log_probs_from_logits(logits, r_ids).cpu()
             ent[idx, :w] = entropy_from_logits(logits).cpu()
@@ -115,6 +132,7 @@ class PolicyUpdate:
                 raise RuntimeError("use_kl_loss: update() needs the reference log-probs of compute_old_log_probs()")
             stats["kl_loss"] = []
         grad_norms: list[float] = []
+        self._clip_high_hist = torch.zeros(len(CLIP_HIGH_BINS) - 1)
         t0 = time.perf_counter()
         computed0 = self._computed_tokens
         self.model.train()
@@ -123,11 +141,14 @@ class PolicyUpdate:
                 grad_norms.append(self._mini_batch_step(data, list(range(start, min(N, start + mini))), rmask_all, adv,
                                                         stats))
         self.scheduler.step()
+        self._new_weights_tag()  # rollouts sampled before this update are no longer pi_old's samples
         self.model.eval()
         self.counters["update_tokens"] += self._computed_tokens - computed0
         self.counters["update_seconds"] += time.perf_counter() - t0
         out = {f"actor/{k}": float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
         out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
+        for k, count in enumerate(self._clip_high_hist.tolist()):
+            out[clip_high_key(k)] = float(count)
         out["actor/lr"] = float(lr_used)
         if a.use_kl_loss:
             out["actor/kl_coef"] = float(a.kl_loss_coef)
@@ -174,6 +195,18 @@ class PolicyUpdate:
             stats["kl_loss"].append(mb_kl)
         return gn
 
+    def _count_clip_high(self, log_prob: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, m: torch.Tensor) -> None:
+        """Histogram of pi_old over the tokens the upper clip stops (A > 0 and ratio > 1 + eps_high): what the DAPO
+        paper's Fig. 3 plots (its clip-higher motivation: the clipped tokens are mostly low-probability ones)."""
+        eps_high = self.recipe.actor.clip_ratio_high
+        ratio = torch.exp(torch.clamp(log_prob - old, -20, 20))
+        up = (adv[:, None] > 0) & (ratio > 1 + eps_high) & (m > 0)
+        if bool(up.any()):
+            p_old = old[up].exp().clamp(0, 1 - 1e-9).cpu()
+            edges = torch.tensor(CLIP_HIGH_BINS)
+            self._clip_high_hist += torch.bincount(torch.bucketize(p_old, edges[1:-1], right=True),
+                                                   minlength=len(edges) - 1).float()
+
     def _micro_batch_backward(self, data: dict[str, torch.Tensor], idx: torch.Tensor, rows: list[int],
                               rmask_all: torch.Tensor, adv: torch.Tensor, mb_tokens: float, mb_seqs: float
                               ) -> Optional[tuple[float, float, dict[str, torch.Tensor], float]]:
@@ -195,6 +228,7 @@ class PolicyUpdate:
             clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode,
             global_tokens=mb_tokens if glob else None, global_seqs=mb_seqs if glob else None,
         )
+        self._count_clip_high(log_prob.detach(), old, adv[idx].to(self.device), m)
         if not glob:  # the reference commit: per-micro-batch mean, divided by the accumulation steps
             loss = loss * (len(idx) / len(rows))
         if a.entropy_coeff:

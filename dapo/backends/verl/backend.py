@@ -40,7 +40,7 @@ import torch
 
 from dapo.backends.base import Backend, Rollout, Sampling
 from dapo.backends.verl.batch import (_as_messages, _dataproto, _mixed, _obj_array, balance_order, place_scores,
-                                     response_lengths)
+                                     valid_response_ids)
 from dapo.backends.verl.workers import VerlWorkers
 from dapo.config import ConfigError, Preset
 from dapo.loss import agg_loss, masked_mean
@@ -199,15 +199,10 @@ class VerlBackend(Backend):
     def _rollout(self, data: Any, rows: list[dict[str, Any]], group_ids: np.ndarray) -> Rollout:
         """The responses decoded in one ``batch_decode``; the loop scores them (once) and the scores travel in
         ``Rollout.stats`` to :meth:`update`, which places them as ``token_level_scores``."""
-        resp = data.batch["responses"]
-        lengths = response_lengths(data)
-        L = lengths.cpu().numpy().astype(np.int64)
-        rows_ids = resp.cpu().tolist()
-        ids = [r[: int(n)] for r, n in zip(rows_ids, L)]
+        ids, L, last = valid_response_ids(data)
         texts = list(self.tokenizer.batch_decode(ids, skip_special_tokens=True))
         max_len = int(self.cfg.data.max_response_length)
-        eos = self.eos_token_ids
-        truncated = np.asarray([int(n) >= max_len and (not t or t[-1] not in eos) for n, t in zip(L, ids)], dtype=bool)
+        truncated = (L >= max_len) & ~np.isin(last, sorted(self.eos_token_ids))  # full length and no EOS at the end
         prompt_len = data.batch["prompts"].shape[-1]
         stats: dict[str, np.ndarray] = {
             "prompt_length": data.batch["attention_mask"][:, :prompt_len].sum(-1).cpu().numpy().astype(np.float64),

@@ -148,7 +148,8 @@ class RayWorkers:
         self.trainer.actor_rollout_wg.load_checkpoint(directory, del_local_after_load=False)
 
     def close(self) -> None:
-        self.sleep_replicas()
+        """Nothing to release: fit() ends with the replicas as they are, and they go with the job's processes (a
+        sleep here would be one more call than fit() makes, at a moment nothing needs the memory)."""
 
 
 def build_trainer(cfg: Any, trainer_cls: Any, **kwargs: Any) -> tuple[Any, Any]:

@@ -1,0 +1,83 @@
+{{/*
+What keeps a run to itself: the rules that refuse security settings that cannot work, and the Pod Security Standard
+level a namespace needs for the values. dapo/k8s/security.py (check_security, pod_security_profile) is the twin;
+the NetworkPolicy is networkpolicy.yaml, authOptions and the securityContexts are in _helpers.tpl.
+*/}}
+{{- define "dapo.validateSecurity" -}}
+{{- $v := .Values -}}
+{{- if $v.rayAuth.enabled -}}
+{{- $versions := list -}}
+{{- if $v.train.enabled -}}
+{{- if eq $v.train.runner "reference" -}}
+{{- $versions = append $versions (list "train.reference.rayVersion" $v.train.reference.rayVersion) -}}
+{{- else -}}
+{{- $versions = append $versions (list "rayVersion" $v.rayVersion) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.eval.enabled -}}
+{{- $versions = append $versions (list "rayVersion" $v.rayVersion) -}}
+{{- end -}}
+{{- range $pair := $versions -}}
+{{- if not (semverCompare ">=2.52.0-0" (toString (last $pair))) -}}
+{{- fail (printf "rayAuth.enabled: %s %s has no token authentication (Ray >= 2.52.0; KubeRay refuses authOptions.mode token below it). Set rayAuth.enabled: false (values/reference.yaml does) and keep networkPolicy.enabled: the NetworkPolicy is then the run's only fence" (first $pair) (toString (last $pair))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $pod := $v.podSecurityContext | default dict -}}
+{{- $ctr := $v.securityContext | default dict -}}
+{{- if and (eq (toString $ctr.runAsUser) "0") $pod.runAsNonRoot (not (and (hasKey $ctr "runAsNonRoot") (eq (toString $ctr.runAsNonRoot) "false"))) -}}
+{{- fail "securityContext.runAsUser: 0 under podSecurityContext.runAsNonRoot: true: the kubelet refuses to start the Ray containers; also set securityContext.runAsNonRoot: false (the namespace then needs the privileged Pod Security profile)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The Pod Security Standard level the namespace needs for these values, and why (JSON {"level", "reasons"}).
+*/}}
+{{- define "dapo.podSecurityProfile" -}}
+{{- $v := .Values -}}
+{{- $privileged := list -}}
+{{- $baseline := list -}}
+{{- if $v.hostNetwork -}}
+{{- $privileged = append $privileged "hostNetwork (host namespaces; NetworkPolicies do not apply to hostNetwork pods)" -}}
+{{- end -}}
+{{- if $v.ipcLock -}}
+{{- $privileged = append $privileged "ipcLock (IPC_LOCK is not among the capabilities baseline allows)" -}}
+{{- end -}}
+{{- $ctr := $v.securityContext | default dict -}}
+{{- if or (eq (toString $ctr.runAsUser) "0") (and (hasKey $ctr "runAsNonRoot") (eq (toString $ctr.runAsNonRoot) "false")) -}}
+{{- $baseline = append $baseline "securityContext runs the Ray containers as root" -}}
+{{- end -}}
+{{- if $v.storage.fixOwnership.enabled -}}
+{{- $baseline = append $baseline "storage.fixOwnership (an init container runs as root with CHOWN, DAC_OVERRIDE, FOWNER)" -}}
+{{- end -}}
+{{- if or (and $v.train.enabled (eq $v.train.submissionMode "SidecarMode")) (and $v.eval.enabled (eq $v.eval.submissionMode "SidecarMode")) -}}
+{{- $baseline = append $baseline "SidecarMode (KubeRay adds its submitter container to the head without a securityContext)" -}}
+{{- end -}}
+{{- if $privileged -}}
+{{- toJson (dict "level" "privileged" "reasons" (concat $privileged $baseline)) -}}
+{{- else if $baseline -}}
+{{- toJson (dict "level" "baseline" "reasons" $baseline) -}}
+{{- else -}}
+{{- toJson (dict "level" "restricted" "reasons" list) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+checkov (make test) findings on the chart's own Jobs and Pods that stay, each with its reason, as the annotations
+checkov reads (`checkov.io/skipN: <check>=<reason>`). Usage: include "dapo.checkovSkips" (list "CKV_K8S_15" ...).
+dapo.k8s.security.CHECKOV_REASONS is the same text.
+*/}}
+{{- define "dapo.checkovSkips" -}}
+{{- $reasons := dict
+  "CKV_K8S_8" "a helm test pod runs one check to completion and serves nothing: no liveness probe"
+  "CKV_K8S_9" "a helm test pod runs one check to completion and serves nothing: no readiness probe"
+  "CKV_K8S_15" "image.pullPolicy (IfNotPresent): the tags are immutable releases of images of many GB; Always would pull them again at every pod start"
+  "CKV_K8S_22" "torch's import and the CUDA check write caches under HOME and /tmp"
+  "CKV_K8S_38" "the follower reads its RayJob's status from the API server (a Role allowing get on the release's RayJobs only)"
+  "CKV_K8S_40" "the images' user is uid 1000 as in Ray's own images; runAsNonRoot is enforced"
+  "CKV_K8S_43" "images are pinned by image.tag; to pin by digest set the tag to <tag>@sha256:<digest>"
+-}}
+{{- range $i, $check := . }}
+checkov.io/skip{{ add1 $i }}: {{ printf "%s=%s" $check (index $reasons $check) | quote }}
+{{- end }}
+{{- end -}}

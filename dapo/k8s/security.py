@@ -1,0 +1,166 @@
+"""What keeps a run to itself -- the chart's ``_security.tpl``: Ray token authentication through KubeRay's
+``authOptions``, the NetworkPolicy over the Ray pods, the securityContext of the chart's own helper containers, the
+rules that refuse combinations that cannot work, and the Pod Security Standard profile a namespace needs for the
+chosen values.
+
+- Token auth (``rayAuth``): ``rayClusterSpec.authOptions: {mode: token[, secretName]}``. KubeRay v1.7.0 then sets
+  ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` (a secretKeyRef to key ``auth_token`` of ``secretName``, or of the
+  Secret it generates per RayCluster, named after it) on the Ray container of every pod, and its dashboard client
+  sends ``x-ray-authorization: Bearer <token>`` (HTTPMode submission and status). The chart never holds the token.
+  KubeRay refuses token mode below Ray 2.52 (``utils/validation.go``).
+- NetworkPolicy ``<fullname>-ray`` (``networkPolicy``, the chart's own object, so it needs no operator feature gate):
+  the release's Ray pods accept ingress only from the release's pods (every port: GCS, raylets, object store,
+  workers), from the KubeRay operator's pods on the head's dashboard port, and from ``networkPolicy.extraIngress``;
+  egress is left open unless ``networkPolicy.restrictEgress`` (then: the release's pods, DNS on port 53 to any
+  resolver and ``networkPolicy.extraEgress``).
+- Restricted Pod Security: the helper containers (data preparation, model download, the K8sJobMode submitter, the
+  helm test pods) always run with :data:`RESTRICTED_CONTAINER`; the Ray containers with ``securityContext`` and every
+  pod with ``podSecurityContext`` (both restricted by default).
+
+Imports :mod:`dapo.k8s.presets` only.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from dapo.k8s.presets import ValuesError
+
+# The container half of the "restricted" profile (the pod half, runAsNonRoot and seccompProfile, is set on the pod).
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# storage.fixOwnership: root, with only what chown/chmod of directories it does not own need (baseline allows these)
+FIX_OWNERSHIP_CONTAINER = {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+                           "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]}}
+# The lowest Ray with token authentication (KubeRay v1.7.0 refuses authOptions.mode token below it).
+MIN_RAY_FOR_TOKEN_AUTH = (2, 52, 0)
+DASHBOARD_PORT = 8265
+DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+
+
+# checkov (make test) findings on the chart's own Jobs and Pods that stay, with the reason; each object carries its
+# skips as annotations `checkov.io/skipN: <check>=<reason>` (the chart's dapo.checkovSkips is the same text).
+CHECKOV_REASONS = {
+    "CKV_K8S_8": "a helm test pod runs one check to completion and serves nothing: no liveness probe",
+    "CKV_K8S_9": "a helm test pod runs one check to completion and serves nothing: no readiness probe",
+    "CKV_K8S_15": "image.pullPolicy (IfNotPresent): the tags are immutable releases of images of many GB; Always "
+                  "would pull them again at every pod start",
+    "CKV_K8S_22": "torch's import and the CUDA check write caches under HOME and /tmp",
+    "CKV_K8S_38": "the follower reads its RayJob's status from the API server (a Role allowing get on the "
+                  "release's RayJobs only)",
+    "CKV_K8S_40": "the images' user is uid 1000 as in Ray's own images; runAsNonRoot is enforced",
+    "CKV_K8S_43": "images are pinned by image.tag; to pin by digest set the tag to <tag>@sha256:<digest>",
+}
+FOLLOWER_SKIPS = ("CKV_K8S_15", "CKV_K8S_38", "CKV_K8S_40", "CKV_K8S_43")
+TEST_POD_SKIPS = {"shared": ("CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_15", "CKV_K8S_40", "CKV_K8S_43"),
+                  "gpu": ("CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_15", "CKV_K8S_22", "CKV_K8S_40", "CKV_K8S_43")}
+
+
+def checkov_skips(checks: tuple[str, ...]) -> dict[str, str]:
+    """The annotations that skip ``checks`` on an object, each with its reason."""
+    return {f"checkov.io/skip{i}": f"{check}={CHECKOV_REASONS[check]}" for i, check in enumerate(checks, 1)}
+
+
+def auth_options(values: dict[str, Any]) -> dict[str, Any] | None:
+    """``rayClusterSpec.authOptions`` of both RayJobs, or None with ``rayAuth.enabled: false``."""
+    auth = values["rayAuth"]
+    if not auth["enabled"]:
+        return None
+    out: dict[str, Any] = {"mode": "token"}
+    if auth.get("secretName"):
+        out["secretName"] = auth["secretName"]
+    return out
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """major.minor.patch of a Ray version ("2.60.0", "2.52", "2.53.0rc1"); (0, 0, 0) if it is none."""
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", str(text))
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else (0, 0, 0)
+
+
+def check_security(v: dict[str, Any]) -> None:
+    """Refuse what KubeRay or the kubelet would refuse later: token auth on a Ray without it (the reference runner's
+    Ray 2.43), a root Ray container under a pod that demands non-root."""
+    if v["rayAuth"]["enabled"]:
+        versions = []
+        if v["train"]["enabled"]:
+            ref = v["train"]["runner"] == "reference"
+            versions.append(("train.reference.rayVersion" if ref else "rayVersion",
+                             v["train"]["reference"]["rayVersion"] if ref else v["rayVersion"]))
+        if v["eval"]["enabled"]:
+            versions.append(("rayVersion", v["rayVersion"]))
+        for key, ver in versions:
+            if _version(ver) < MIN_RAY_FOR_TOKEN_AUTH:
+                raise ValuesError(
+                    f"rayAuth.enabled: {key} {ver} has no token authentication (Ray >= 2.52.0; KubeRay refuses "
+                    "authOptions.mode token below it). Set rayAuth.enabled: false (values/reference.yaml does) and "
+                    "keep networkPolicy.enabled: the NetworkPolicy is then the run's only fence"
+                )
+    pod, ctr = v.get("podSecurityContext") or {}, v.get("securityContext") or {}
+    if str(ctr.get("runAsUser")) == "0" and pod.get("runAsNonRoot") and ctr.get("runAsNonRoot") is not False:
+        raise ValuesError(
+            "securityContext.runAsUser: 0 under podSecurityContext.runAsNonRoot: true: the kubelet refuses to start "
+            "the Ray containers; also set securityContext.runAsNonRoot: false (the namespace then needs the "
+            "privileged Pod Security profile)"
+        )
+
+
+def pod_security_profile(v: dict[str, Any]) -> tuple[str, list[str]]:
+    """The Pod Security Standard level the namespace needs for these values ("restricted", "baseline" or
+    "privileged") and why, in NOTES' words."""
+    privileged, baseline = [], []
+    if v.get("hostNetwork"):
+        privileged.append("hostNetwork (host namespaces; NetworkPolicies do not apply to hostNetwork pods)")
+    if v.get("ipcLock"):
+        privileged.append("ipcLock (IPC_LOCK is not among the capabilities baseline allows)")
+    ctr = v.get("securityContext") or {}
+    if str(ctr.get("runAsUser")) == "0" or ctr.get("runAsNonRoot") is False:
+        baseline.append("securityContext runs the Ray containers as root")
+    if v["storage"]["fixOwnership"]["enabled"]:
+        baseline.append("storage.fixOwnership (an init container runs as root with CHOWN, DAC_OVERRIDE, FOWNER)")
+    modes = {v[k]["submissionMode"] for k in ("train", "eval") if v[k]["enabled"]}
+    if "SidecarMode" in modes:
+        baseline.append("SidecarMode (KubeRay adds its submitter container to the head without a securityContext)")
+    if privileged:
+        return "privileged", privileged + baseline
+    return ("baseline", baseline) if baseline else ("restricted", [])
+
+
+class NetworkPolicies:
+    """The release's NetworkPolicy (mixed into :class:`dapo.k8s.manifests.Chart`; uses its names and labels)."""
+
+    v: dict[str, Any]
+    name: str
+    release: str
+
+    def ray_components(self) -> list[str]:
+        return [f"{k}-{role}" for k in ("train", "eval") if self.v[k]["enabled"] for role in ("head", "worker")]
+
+    def network_policy(self) -> dict[str, Any] | None:
+        np = self.v["networkPolicy"]
+        components = self.ray_components()
+        if not np["enabled"] or not components:
+            return None
+        release = {"matchLabels": {"app.kubernetes.io/name": self.name, "app.kubernetes.io/instance": self.release}}
+        operator = {"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": np["operator"]["namespace"]}},
+            "podSelector": {"matchLabels": dict(np["operator"]["podLabels"])}}
+        ingress = [
+            {"from": [{"podSelector": copy.deepcopy(release)}]},
+            {"from": [operator], "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]},
+        ] + copy.deepcopy(np.get("extraIngress") or [])
+        spec: dict[str, Any] = {
+            "podSelector": {**copy.deepcopy(release), "matchExpressions": [
+                {"key": "app.kubernetes.io/component", "operator": "In", "values": components}]},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        }
+        if np["restrictEgress"]:
+            spec["policyTypes"] = ["Ingress", "Egress"]
+            spec["egress"] = [
+                {"to": [{"podSelector": copy.deepcopy(release)}]},
+                {"ports": copy.deepcopy(DNS_PORTS)},  # any resolver: kube-dns, NodeLocal DNSCache's link-local IP
+            ] + copy.deepcopy(np.get("extraEgress") or [])
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": self.metadata(f"{self.fullname}-ray", "network"), "spec": spec}  # type: ignore[attr-defined]
