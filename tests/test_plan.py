@@ -271,3 +271,17 @@ def test_generated_tables_in_docs_are_fresh():
         body = text.split(begin, 1)[1].split(DOCS_END, 1)[0].strip()
         assert body == markdown_block(block), (
             f"docs/reproduce.md '{block}' table is stale: run `dapo plan --update-docs docs/reproduce.md`")
+
+
+def test_notes_after_install_print_the_plans_steps_days_gpu_hours_and_the_papers_step():
+    """NOTES.txt reads dapo plan's figures from charts/dapo/files/requirements.yaml (Helm cannot run Python)."""
+    from k8s_support import VALUES_DIR, helm_notes, user_values
+
+    plan = make_plan(load_preset("full"))
+    notes = helm_notes(user_values([VALUES_DIR / "full.yaml"]))
+    want = (f"{plan.steps['total_rollout_steps']} rollout steps, {plan.totals['days']:.1f} days, "
+            f"{round(plan.totals['gpu_hours'])} GPU-hours")
+    assert want in notes, notes[:2000]
+    assert "AIME-2024 avg@32 = 50" in notes and "near rollout step 320" in notes and "verl issue #795" in notes
+    moved = helm_notes(user_values([VALUES_DIR / "full.yaml"], {"nodes": 8}))
+    assert "`dapo plan --preset full --set KEY=VALUE --nodes N` gives this run's figures" in moved
