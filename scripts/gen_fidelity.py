@@ -135,6 +135,9 @@ REFERENCE_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.shuffle": False,
     "actor_rollout_ref.actor.optim.warmup_style": "constant",
     "actor_rollout_ref.actor.checkpoint.contents": ["model", "hf_model", "optimizer", "extra"],
+    "actor_rollout_ref.actor.strategy": "fsdp",
+    "actor_rollout_ref.ref.strategy": "fsdp",
+    "actor_rollout_ref.rollout.max_model_len": None,
     "algorithm.gamma": 1.0,
     "algorithm.lam": 1.0,
     "data.shuffle": True,
@@ -191,6 +194,22 @@ DEVIATIONS: dict[str, str] = {
     "ends and then fails every retry at its next save. `recipe.trainer.max_ckpt_to_keep: 3` keeps the newest three; "
     "`dapo.train.checkpoint` deletes older ones (atomic rename to trash, so a kill mid-deletion never damages a "
     "checkpoint), for both backends (verl itself is told to delete nothing: its rotation forgets earlier attempts).",
+    "actor_rollout_ref.actor.strategy": "FSDP2 (`fully_shard`) instead of FSDP1. verl's README recommends it "
+    "('better throughput and memory usage', and CPU offload that is correct under gradient accumulation); it is "
+    "the FSDP the CPU run exercises end to end (update, save, resume, export), so the GPU presets run the tested "
+    "path. Same loss and optimizer; the numbers differ only by reduction order. The passthrough "
+    "`actor_rollout_ref.actor.strategy=fsdp` selects FSDP1 again, a path no test here runs.",
+    "actor_rollout_ref.ref.strategy": "Follows `actor.strategy` (verl interpolates it): FSDP2, as above.",
+    "actor_rollout_ref.rollout.max_model_len": "Same context as the reference: its vLLM rollout took "
+    "`max_model_len or prompt_length + response_length`; verl 0.9.1 instead derives a null one from its copy of the "
+    "model config (Qwen2.5-32B: 131,072; 7b with its override: 32,768, which vLLM refuses because it reads the "
+    "model's own 4,096). Set explicitly to prompt + response; a position override reaches vLLM through "
+    "`rollout.engine_kwargs.vllm.hf_overrides`.",
+    "actor_rollout_ref.actor.checkpoint.contents": "No `hf_model`. At the reference commit `hf_model` wrote the HF "
+    "config and tokenizer only (verl 0.9.1 writes those for every checkpoint anyway); in 0.9.1 it makes rank 0 "
+    "gather and write the full fp32 model every `save_freq` steps -- for 32B ~122 GiB of host memory on one pod and "
+    "~131 GB more per checkpoint, while every other rank waits at a barrier. `dapo eval export` merges the FSDP "
+    "shards into the same HF weights when a checkpoint is scored (tested against verl's own model merger).",
 }
 
 # Deviations that are not a config value: how the run differs from the reference beyond its keys.

@@ -85,3 +85,17 @@ def test_one_command_runs_a_two_step_rung_pair_writes_the_report_and_reuses_cach
     assert cmd_mechanisms(argv) == 0  # cached: no run is redone
     assert [p.stat().st_mtime_ns for p in done] == stamps
     assert "s wall" not in "".join(line for line in capsys.readouterr().out.splitlines() if "seed" in line)
+
+
+def test_headline_target_is_naive_grpos_level_at_steps_20_to_24_and_counts_steps_and_responses():
+    from dapo.bench.mech_report import headline
+
+    def run(accs, per_step):
+        return {"curve": [(s, a, s * per_step) for s, a in zip(range(0, 2 * len(accs), 2), accs)]}
+
+    naive = [run([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.6, 0.6, 0.6, 0.7, 0.7, 0.7, 0.7], 128)] * 2
+    dapo = [run([0.1, 0.4, 0.6, 0.7, 0.8] + [0.8] * 8, 400), run([0.1, 0.3, 0.5, 0.7, 0.8] + [0.8] * 8, 400)]
+    hl = headline({"naive GRPO": naive, "DAPO": dapo}, (20, 24))
+    assert abs(hl["target"] - 0.7) < 1e-12  # naive's validations at steps 20, 22, 24
+    assert hl["naive GRPO"]["steps"] == [18.0, 18.0] and hl["DAPO"]["steps"] == [6.0, 6.0]
+    assert abs(hl["ratio_steps"] - 6 / 18) < 1e-12 and abs(hl["ratio_samples"] - (6 * 400) / (18 * 128)) < 1e-12

@@ -32,26 +32,45 @@ RANK_SCRIPT = textwrap.dedent(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    original, actor = sys.argv[1], sys.argv[2]
+    original, actor, fsdp_size = sys.argv[1], sys.argv[2], int(sys.argv[3])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
-    root = torch.nn.Module()
-    for name, tensor in torch.load(original).items():
-        *path, leaf = name.split(".")
-        m = root
-        for part in path:
-            if not hasattr(m, part):
-                m.add_module(part, torch.nn.Module())
-            m = getattr(m, part)
-        m.register_parameter(leaf, torch.nn.Parameter(tensor))
-    for layer in root.model.layers.children():
-        fully_shard(layer, mesh=mesh)
-    fully_shard(root, mesh=mesh)
-    torch.save(root.state_dict(), os.path.join(actor, f"model_world_size_{world}_rank_{rank}.pt"))
+    # verl's create_device_mesh (workers/engine/fsdp/utils.py): 1-D "fsdp", or ("ddp", "fsdp") when 0 < fsdp_size <
+    # world -- 7b's fsdp_size 32 on 64 GPUs; FSDP2 on a 2-D mesh is HSDP (Replicate over ddp, Shard over fsdp)
+    if fsdp_size < 0 or fsdp_size >= world:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    else:
+        mesh = init_device_mesh("cpu", (world // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+
+    def sharded(state):
+        root = torch.nn.Module()
+        for name, tensor in state.items():
+            *path, leaf = name.split(".")
+            m = root
+            for part in path:
+                if not hasattr(m, part):
+                    m.add_module(part, torch.nn.Module())
+                m = getattr(m, part)
+            m.register_parameter(leaf, torch.nn.Parameter(tensor))
+        for layer in root.model.layers.children():
+            fully_shard(layer, mesh=mesh)
+        fully_shard(root, mesh=mesh)
+        return root
+
+    weights = torch.load(original)
+    root = sharded(weights)
+    shard = os.path.join(actor, f"model_world_size_{world}_rank_{rank}.pt")
+    torch.save(root.state_dict(), shard)
     if rank == 0:
         with open(os.path.join(actor, "fsdp_config.json"), "w") as f:
             json.dump({"FSDP_version": 2, "world_size": world}, f, indent=4)
+    dist.barrier()
+    # resume as verl's FSDPCheckpointManager.load_checkpoint does: each rank loads its own shard file into a model
+    # sharded the same way (here one holding other weights); the full weights must be the saved ones again
+    fresh = sharded({k: torch.zeros_like(v) for k, v in weights.items()})
+    fresh.load_state_dict(torch.load(shard, weights_only=False))
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v.full_tensor(), weights[k]), k
     dist.barrier()
     dist.destroy_process_group()
     """
@@ -66,7 +85,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def build_checkpoint(ckpt: Path, step: int, tie: bool) -> None:
+def build_checkpoint(ckpt: Path, step: int, tie: bool, world: int = 2, fsdp_size: int = -1) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -92,12 +111,12 @@ def build_checkpoint(ckpt: Path, step: int, tie: bool) -> None:
     port = _free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(ckpt / "original.pt"), str(actor)],
-            env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+            [sys.executable, str(script), str(ckpt / "original.pt"), str(actor), str(fsdp_size)],
+            env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        for r in range(2)
+        for r in range(world)
     ]
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -166,6 +185,35 @@ def test_export_matches_verl_model_merger_bf16(verl_ckpt, tmp_path):
     index = json.loads((res.path / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == set(ours) and len(set(index["weight_map"].values())) > 1
     assert all((res.path / f).is_file() for f in index["weight_map"].values())
+
+
+def test_a_two_level_fsdp_size_checkpoint_resumes_and_exports_to_the_original_weights(tmp_path):
+    """7b's layout: fsdp_size below the world size gives verl a ("ddp", "fsdp") mesh, which FSDP2 shards as HSDP --
+    each weight sharded over fsdp and replicated over ddp, so rank r and rank r + fsdp_size write the same piece.
+    Here 4 ranks with fsdp_size 2: each rank reloads its own file as verl's resume does (checked in the rank script),
+    and the export merges the 4 files into the original weights, as verl's own model merger does."""
+    from verl.model_merger.base_model_merger import ModelMergerConfig
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+    ckpt = tmp_path / "ckpts"
+    build_checkpoint(ckpt, 2, tie=False, world=4, fsdp_size=2)
+    actor = ckpt / "global_step_2" / "actor"
+    piece = torch.load(actor / "model_world_size_4_rank_0.pt", weights_only=False)["model.embed_tokens.weight"]
+    assert piece.device_mesh.mesh_dim_names == ("ddp", "fsdp") and piece.placements[0].is_replicate()
+    res = export_checkpoint(ckpt, "latest", tmp_path / "hf", dtype="float32", log=lambda *_: None)
+    original, merged = torch.load(ckpt / "original.pt"), _load_safetensors_dir(res.path)
+    assert set(merged) == set(original)
+    for k, v in original.items():
+        assert torch.equal(merged[k], v), k
+    ref_dir = tmp_path / "verl"
+    ref_dir.mkdir()
+    FSDPModelMerger(ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(actor), target_dir=str(ref_dir),
+                                      hf_model_config_path=str(actor / "huggingface"))).merge_and_save()
+    ref = _load_safetensors_dir(ref_dir)
+    ours = _load_safetensors_dir(export_checkpoint(ckpt, "latest", tmp_path / "bf16", log=lambda *_: None).path)
+    assert set(ours) == set(ref)
+    for k, v in ref.items():
+        assert ours[k].dtype == v.dtype == torch.bfloat16 and torch.equal(ours[k], v), k
 
 
 def test_export_is_skipped_when_a_complete_export_exists_and_refuses_foreign_dirs(verl_ckpt, tmp_path):

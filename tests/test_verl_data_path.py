@@ -1,6 +1,7 @@
 """VerlBackend through verl 0.9.1's own data path, with only the Ray calls faked.
 
-Real here: ``RayPPOTrainer._compute_old_log_prob`` / ``_compute_ref_log_prob`` / ``_update_actor`` / ``_get_dp_size``
+Real here: ``RayPPOTrainer._compute_old_log_prob`` / ``_compute_ref_log_prob`` / ``_update_actor`` / ``_get_dp_size`` /
+``_start_profiling`` / ``_stop_profiling``
 (bound to a minimal trainer object), ``DataProto`` pad / chunk / concat / union / ``to_tensordict``,
 ``left_right_2_no_padding`` / ``no_padding_2_padding``, the data-parallel split of verl's dispatch
 (``_split_args_kwargs_data_proto``) and its collect (``BatchData.concat``), the engine worker's per-rank mini-batch
@@ -151,6 +152,9 @@ class FakeCheckpointManager:
     def sleep_replicas(self):
         self.log.append(("sleep",))
 
+    def wake_up_replicas(self):
+        self.log.append(("wake",))
+
 
 class FakeAgentLoopManager:
     """Shapes of verl's agent loop output: prompts [N, P] left-padded, responses [N, R] right-padded."""
@@ -194,7 +198,8 @@ def _trainer(cfg, tok):
     t.async_rollout_manager = FakeAgentLoopManager(cfg, tok, log)
     t.tokenizer = tok
     cls = ray_trainer.RayPPOTrainer
-    for name in ("_compute_old_log_prob", "_compute_ref_log_prob", "_update_actor", "_get_dp_size"):
+    for name in ("_compute_old_log_prob", "_compute_ref_log_prob", "_update_actor", "_get_dp_size", "_start_profiling",
+                 "_stop_profiling"):
         setattr(t, name, types.MethodType(getattr(cls, name), t))
     return t, log
 
@@ -328,6 +333,31 @@ def test_the_loop_syncs_weights_once_per_step_after_the_save_in_verls_order(tmp_
     # 4 training prompts x 4 = 16 rows already divisible
     assert [e[1] for e in events if e[0] == "generate"] == [8, 16, 8, 16, 8, 16, 8]
     assert backend.num_syncs == 4  # one per step plus the initial one
+
+
+def test_the_loops_verl_calls_equal_a_real_fits_recording_through_to_close(tmp_path):
+    """The loop over RayWorkers (verl's trainer methods, fake Ray handles) with the cadence of the recorded fit()
+    (tests/fixtures/verl_fit_calls.json: a real RayPPOTrainer.fit() on the verl-tiny workers) makes the same verl
+    calls in the same order, start-up and every step, and closing the backend adds none (fit() ends without one)."""
+    import json
+    from pathlib import Path
+
+    from dapo.bench.verl_calls import CallRecorder, canonical, order_violations, split_steps
+    from dapo.train.loop import DAPOLoop
+
+    fit = json.loads((Path(__file__).parent / "fixtures" / "verl_fit_calls.json").read_text())
+    c = fit["cadence"]
+    preset, cfg, tok, trainer, log, backend = _setup([
+        f"recipe.trainer.total_training_steps={c['steps']}", f"recipe.trainer.save_freq={c['save_freq']}",
+        f"recipe.trainer.test_freq={c['test_freq']}", f"recipe.trainer.val_before_train={c['val_before_train']}"])
+    recorder = CallRecorder(trainer)
+    loop = DAPOLoop(preset, backend, _rows(40), _rows(3, start=100), tmp_path, progress=False, log=lambda m: None)
+    assert loop.fit() == 0
+    backend.close()
+    assert order_violations(recorder.events) == []
+    start, steps = split_steps(canonical(recorder.events))
+    assert start == fit["canonical"]["startup"]
+    assert steps == fit["canonical"]["steps"]
 
 
 @pytest.mark.parametrize("agreement", [False, True])

@@ -9,12 +9,15 @@ saw to ``RECORD_DIR/events-<attempt>.jsonl`` (attempt = 1, 2, ... per invocation
   verl starts them with (``load_format: dummy``): the recorder generates from a few training prompts right then and
   has the actor score the sampled tokens (the backend's own ``generate`` / ``compute_old_log_probs``), so the test
   sees how far apart the two are *before* any sync.
-- ``RayWorkers.compute_log_prob``: the batch sent to the actor (token ids, masks, vLLM's ``rollout_log_probs``) and
-  the actor's ``old_log_probs``, saved as ``logprob-<attempt>-<n>.pt``.
+- ``RayWorkers.compute_log_prob``: the batch sent to the actor (token ids, masks, vLLM's ``rollout_log_probs``, the
+  placed rewards ``token_level_scores``) and the actor's ``old_log_probs``, saved as ``logprob-<attempt>-<n>.pt``.
 - ``RayWorkers.load_checkpoint``: right after verl loaded a checkpoint (a resume), the actor's state is saved again by
   the workers into ``reloaded-<attempt>/``, so the test can compare it with the checkpoint it was loaded from.
 - ``DynamicSampler.add``: the group ids and filter-metric values of every training generation batch, i.e. the input
   of the paper's Algorithm 1 as the run saw it.
+- every verl call the loop makes on the trainer (:class:`dapo.bench.verl_calls.CallRecorder`: generate / validate,
+  sleep, update_weights, old log-prob, update, save, load), as ``call`` events in order, with the replicas' state
+  before each; the recorder's own calls above (the pre-sync probe, the re-save after a load) are left out.
 """
 
 from __future__ import annotations
@@ -46,7 +49,16 @@ def main(argv: list[str]) -> int:
     from dapo.data.files import read_rows
     from dapo.sampler import DynamicSampler
 
+    from dapo.bench.verl_calls import CallRecorder
+
     seen: dict = {"log_prob_calls": 0}
+    attach = workers_mod.RayWorkers._attach
+
+    def attach_recording(self, trainer):
+        attach(self, trainer)
+        seen["calls"] = CallRecorder(trainer, sink=lambda e: log(event="call", **e))
+
+    workers_mod.RayWorkers._attach = attach_recording
 
     init = backend_mod.VerlBackend.__init__
 
@@ -74,7 +86,8 @@ def main(argv: list[str]) -> int:
     def sync_weights(self, step):
         if attempt == 1 and not seen.get("presync"):
             seen["presync"] = True
-            before_first_sync(self)
+            with seen["calls"].paused():
+                before_first_sync(self)
         sync(self, step)
         log(event="sync", step=int(step))
 
@@ -86,7 +99,8 @@ def main(argv: list[str]) -> int:
         out = clp(self, batch)
         seen["log_prob_calls"] += 1
         name = f"logprob-{attempt}-{seen['log_prob_calls']}.pt"
-        keep = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "rollout_log_probs")
+        keep = ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask",
+                "rollout_log_probs", "token_level_scores")
         torch.save({**{k: batch.batch[k].clone() for k in keep if k in batch.batch.keys()},
                     "old_log_probs": out.batch["old_log_probs"].clone(),
                     "uid": [str(u) for u in batch.non_tensor_batch["uid"]]}, record / name)
@@ -100,7 +114,8 @@ def main(argv: list[str]) -> int:
     def load_checkpoint(self, directory):
         load(self, directory)
         again = record / f"reloaded-{attempt}"
-        self.trainer.actor_rollout_wg.save_checkpoint(str(again), None, 0, max_ckpt_to_keep=None)
+        with seen["calls"].paused():
+            self.trainer.actor_rollout_wg.save_checkpoint(str(again), None, 0, max_ckpt_to_keep=None)
         log(event="loaded", directory=str(directory), saved_again=str(again))
 
     workers_mod.RayWorkers.load_checkpoint = load_checkpoint

@@ -78,7 +78,7 @@ def clip_high_hist(runs: list[dict], max_step: Optional[int] = None) -> np.ndarr
 
 def steps_to(run: dict, target: float) -> tuple[Optional[float], Optional[float]]:
     for s, a, x in run["curve"]:
-        if s > 0 and a is not None and a >= target:
+        if s > 0 and a is not None and a >= target - 1e-9:  # the target is a mean of such accuracies: no rounding miss
             return float(s), (None if x is None else float(x))
     return None, None
 
@@ -208,16 +208,20 @@ def precondition_rows(pre: dict, results: dict[str, list[dict]]) -> dict[str, st
     pre["clip_high_lowprob_share"] = float(low)
     pre["clip_high_tokens_first5"] = float(h.sum()) if len(h) else 0.0
 
+    nan = float("nan")
+
     def row(key: str, what: str, sign: str = ">=") -> str:
-        ok = pre.get(key, float("nan")) >= THRESHOLDS[key]
-        return f"{what} {pre.get(key, float('nan')):.2f} (needs {sign} {THRESHOLDS[key]}: {'holds' if ok else 'FAILS'})"
+        v = pre.get(key, nan)
+        if math.isnan(v):
+            return f"{what}: not measured"
+        return f"{what} {v:.2f} (needs {sign} {THRESHOLDS[key]}: {'holds' if v >= THRESHOLDS[key] else 'FAILS'})"
 
     return {
         "clip-higher": row("clip_high_lowprob_share", "share of up-clipped tokens with pi_old < 0.2 (steps 1-5, "
                            f"{pre['clip_high_tokens_first5']:.0f} tokens)"),
-        "token-level loss": row("length_cv", "response-length CV") + f"; {pre['long_wrong_share']:.0%} of the "
-                            "longer-than-median responses wrong",
-        "overlong shaping": row("cap_share", f"share cut by the {pre['max_response_length']}-token cap"),
+        "token-level loss": row("length_cv", "response-length CV") + f"; {pre.get('long_wrong_share', nan):.0%} of "
+                            "the longer-than-median responses wrong",
+        "overlong shaping": row("cap_share", f"share cut by the {pre.get('max_response_length', '?')}-token cap"),
         "dynamic sampling": row("uniform_group_share", "share of all-correct / all-wrong groups"),
     }
 

@@ -85,6 +85,8 @@ def _rung_runs(args, out: Path, assets: Path, names: list[str], seeds: list[int]
             done = run_dir / "bench_result.json"
             if done.exists():
                 res = json.loads(done.read_text())
+            elif args.report_only:
+                continue
             else:
                 t0 = time.time()
                 res = run_one(args.preset, base + RUNGS[name] + [f"recipe.trainer.seed={seed}"] + args.overrides,
@@ -93,7 +95,7 @@ def _rung_runs(args, out: Path, assets: Path, names: list[str], seeds: list[int]
                     f"samples, {time.time() - t0:.0f}s wall, {res['cpu_seconds']:.0f}s CPU")  # fmt: skip
             res["run_dir"] = str(run_dir)
             results[name].append(res)
-    return results
+    return {k: v for k, v in results.items() if v}
 
 
 def cmd_mechanisms(argv: list[str]) -> int:
@@ -105,6 +107,7 @@ def cmd_mechanisms(argv: list[str]) -> int:
     p.add_argument("--rungs", default=None, help=f"comma-separated rung names (default: all of {list(RUNGS)})")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run")
     p.add_argument("--probe-prompts", type=int, default=64, help="warm-start prompts the precondition probe samples")
+    p.add_argument("--report-only", action="store_true", help="report the finished runs only; train nothing")
     p.add_argument("overrides", nargs="*", help="preset overrides applied to every rung (e.g. shorter runs)")
     args = p.parse_args(argv)
     from dapo.bench.mech_report import write_report
@@ -125,6 +128,8 @@ def cmd_mechanisms(argv: list[str]) -> int:
     pre_file = out / "preconditions.json"
     if pre_file.exists():
         pre = json.loads(pre_file.read_text())
+    elif args.report_only:
+        pre = {}
     else:
         pre = measure_preconditions(args.preset, args.overrides, assets, n_prompts=args.probe_prompts)
         out.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,8 @@ the same trainer (``RayWorkers.from_trainer``) for ``--steps`` steps. Same recip
 (``train_batch_size`` prompts x ``n``), dynamic sampling off (the legacy trainer has none: the generation batch is the
 training batch), no validation, no checkpoints. A step's time is each trainer's own ``timing_s/step`` (verl's file
 logger; the loop's ``metrics.jsonl``); the first step of every round is dropped (warm-up). Prints the medians and the
-ratio (loop / fit) and writes them to ``--out``.
+ratio (loop / fit) and writes them to ``--out`` with the metric keys each trainer logged (counts, and fit()'s keys the
+loop lacks); ``--keys-out`` writes fit()'s keys as the fixture the verl-on-CPU test checks the loop's against.
 
 Each trainer runs as it does in production: fit() with verl's agent loop streaming every response through verl's
 reward workers while it generates; the loop with that streaming switched off in the agent-loop workers (as
@@ -45,18 +46,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of fit() and the loop")
     p.add_argument("--run-dir", default="runs/bench-verl-fit", help="where both trainers write")
     p.add_argument("--out", default=None, help="JSON result file (default <run dir>/verl-fit.json)")
+    p.add_argument("--keys-out", default=None, help="also write the metric keys fit() logged to this JSON file (the "
+                   "fixture tests/fixtures/verl_fit_keys.json the verl-on-CPU test compares the loop's keys with)")
+    p.add_argument("--record-calls", default=None, metavar="FILE",
+                   help="first run one fit() round with --record-cadence and write the order of its verl calls to "
+                        "FILE (dapo.bench.verl_calls; the CPU e2e's fixture: tests/fixtures/verl_fit_calls.json)")
+    p.add_argument("--record-cadence", default="4,1,2", metavar="STEPS,SAVE_FREQ,TEST_FREQ",
+                   help="steps, save_freq and test_freq of the recorded fit() round (validation before training on); "
+                        "default: the CPU e2e's")
     p.add_argument("overrides", nargs="*", help="preset key=value overrides (e.g. recipe.data.train_batch_size=32)")
     return p
 
 
-def _verl_dataset_file(train_file: str, run_dir: Path) -> str:
+def _verl_dataset_file(train_file: str, run_dir: Path, split: str = "train") -> str:
     """The training file with ``data_source: math_dapo``: verl's reward manager picks its verifier by data source and
     knows the DAPO name, not the tiny task's; the rows are otherwise the same."""
     import pandas as pd
 
     df = pd.read_parquet(train_file)
     df["data_source"] = "math_dapo"
-    out = run_dir / "train-math_dapo.parquet"
+    out = run_dir / f"{split}-math_dapo.parquet"
     df.to_parquet(out)
     return str(out)
 
@@ -89,6 +98,61 @@ def _agent_loop_scoring(trainer: Any, handles: Any) -> None:
     ray.get([w.__ray_call__.remote(put, handles) for w in trainer.async_rollout_manager.agent_loop_workers])
 
 
+def fit_keys(records: list[dict]) -> list[str]:
+    """The metric keys of fit()'s step records (verl's file logger: one ``data`` dict per step), sorted."""
+    return sorted(set().union(*(set(r) for r in records)) - {"step", "ts"})
+
+
+def key_report(fit_records: list[dict], loop_records: list[dict], keys_out: Optional[str]) -> dict[str, Any]:
+    """How many metric keys each trainer logged and which of fit()'s the loop lacked; with ``keys_out``, fit()'s
+    keys written there as the fixture (verl's version and the command that regenerates it)."""
+    import verl
+
+    fit, loop = fit_keys(fit_records), fit_keys(loop_records)
+    if keys_out:
+        Path(keys_out).write_text(json.dumps({
+            "verl": verl.__version__, "fit_keys": fit,
+            "command": "dapo bench verl-fit --steps 2 --rounds 1 --keys-out tests/fixtures/verl_fit_keys.json",
+        }, indent=1) + "\n")  # fmt: skip
+    return {"fit_keys": len(fit), "loop_keys": len(loop), "fit_keys_missing_from_loop": sorted(set(fit) - set(loop))}
+
+
+def _record_fit_calls(trainer: Any, cfg: Any, cadence: str, out: Path) -> None:
+    """One fit() round with ``cadence`` (steps, save_freq, test_freq; validation before training), its verl calls
+    recorded (:class:`dapo.bench.verl_calls.CallRecorder`) and written to ``out``; the trainer's settings restored."""
+    from omegaconf import open_dict
+
+    from dapo.bench.verl_calls import CallRecorder, canonical, split_steps
+
+    steps, save_freq, test_freq = (int(x) for x in cadence.split(","))
+    keys = {"total_training_steps": steps, "save_freq": save_freq, "test_freq": test_freq, "val_before_train": True}
+    before = {k: cfg.trainer[k] for k in keys}
+    total = trainer.total_training_steps
+    with open_dict(cfg):
+        cfg.trainer.update(keys)
+    trainer.total_training_steps = steps
+    recorder = CallRecorder(trainer)
+    try:
+        trainer.fit()
+    finally:
+        with open_dict(cfg):
+            cfg.trainer.update(before)
+        trainer.total_training_steps = total
+    calls = canonical(recorder.events)
+    start, per_step = split_steps(calls)
+    if recorder.violations or len(per_step) != steps:
+        raise SystemExit(f"dapo bench verl-fit: fit()'s recorded calls are not a clean run of {steps} steps: "
+                         f"{recorder.violations or per_step}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "what": "verl 0.9.1 RayPPOTrainer.fit(): the order of its verl calls (dapo.bench.verl_calls), recorded by "
+                "`dapo bench verl-fit --record-calls`",
+        "cadence": {"steps": steps, "save_freq": save_freq, "test_freq": test_freq, "val_before_train": True},
+        "canonical": {"startup": start, "steps": per_step}, "events": recorder.events,
+    }, indent=1) + "\n")
+    print(f"fit()'s verl calls ({steps} steps): start-up {start}, step 1 {per_step[0]} -> {out}", flush=True)
+
+
 def _step_seconds(records: list[dict], key: str = "timing_s/step") -> list[float]:
     return [float(r[key]) for r in records if key in r]
 
@@ -106,8 +170,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     run_dir = Path(args.run_dir).resolve()
     steps = int(args.steps)
-    if steps < 2 or args.rounds < 1:
-        raise SystemExit("dapo bench verl-fit: --steps >= 2 (the first step of a round is dropped) and --rounds >= 1")
+    if steps < 2 or args.rounds < (0 if args.record_calls else 1):
+        raise SystemExit("dapo bench verl-fit: --steps >= 2 (the first step of a round is dropped) and --rounds >= 1 "
+                         "(0 with --record-calls)")
     environ = dict(os.environ)
     preset = load_preset(args.preset, [*args.overrides, *FIT_ONLY, f"recipe.trainer.total_training_steps={steps}",
                                        f"recipe.trainer.default_local_dir={run_dir}"])
@@ -117,6 +182,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     with open_dict(cfg):
         cfg.data.train_files = [_verl_dataset_file(preset.recipe.data.train_files[0], run_dir)]
+        cfg.data.val_files = [_verl_dataset_file(preset.recipe.data.val_files[0], run_dir, "val")]
         cfg.reward.num_workers = 1  # verl's reward loop scores fit()'s rollouts (the loop scores its own)
         cfg.trainer.logger = ["console", "file"]
     os.environ["VERL_FILE_LOGGER_PATH"] = str(fit_log)
@@ -126,7 +192,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     streaming = trainer.reward_loop_manager.reward_loop_workers
     backend = VerlBackend(cfg, preset, RayWorkers.from_trainer(trainer), trainer.tokenizer)
     fit_s: list[float] = []
+    fit_records: list[dict] = []
+    loop_records: list[dict] = []
     loop_s: list[float] = []
+    if args.record_calls:
+        _agent_loop_scoring(trainer, streaming)
+        _record_fit_calls(trainer, cfg, args.record_cadence, Path(args.record_calls).resolve())
+        if args.rounds == 0:
+            return {"record_calls": str(args.record_calls)}
     for r in range(args.rounds):
         _agent_loop_scoring(trainer, streaming)
         t0 = time.time()
@@ -134,12 +207,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fit_wall = time.time() - t0
         records = [rec["data"] for rec in read_jsonl(fit_log)]  # verl's file logger starts the file anew per fit()
         fit_s += _step_seconds(records)[1:]
+        fit_records += records
         loop_dir = run_dir / f"loop-round-{r}"
         _agent_loop_scoring(trainer, None)
         t0 = time.time()
         DAPOLoop(preset, backend, rows, [], loop_dir, progress=False).fit()
         loop_wall = time.time() - t0
-        loop_s += _step_seconds([m for m in read_jsonl(loop_dir / "metrics.jsonl") if m.get("step", 0) >= 1])[1:]
+        recs = [m for m in read_jsonl(loop_dir / "metrics.jsonl") if m.get("step", 0) >= 1]
+        loop_s += _step_seconds(recs)[1:]
+        loop_records += recs
         print(f"round {r + 1}/{args.rounds}: fit() {fit_wall:.1f}s, loop {loop_wall:.1f}s for {steps} steps each",
               flush=True)
     result = {
@@ -150,6 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": f"{os.cpu_count()} CPUs ({os.uname().machine})",
     }  # fmt: skip
     result["ratio_loop_over_fit"] = result["dapo_loop_median_s"] / result["verl_fit_median_s"]
+    result.update(key_report(fit_records, loop_records, args.keys_out))
     out = Path(args.out) if args.out else run_dir / "verl-fit.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"seconds per rollout step (median of {len(fit_s)} / {len(loop_s)}): verl fit() "

@@ -36,9 +36,10 @@ REQUIREMENTS_HEADER = (
 
 
 def requirements() -> dict[str, Any]:
-    """Per runnable preset: storage bytes and summary, loop peak memory (what the chart's data file holds)."""
+    """Per runnable preset: storage bytes and summary, loop peak memory, the checkpoint write throughput the volume
+    needs (what the chart's data file holds)."""
     from dapo.k8s.presets import runnable_presets
-    from dapo.plan.memory import loop_memory, storage
+    from dapo.plan.memory import checkpoint_write, loop_memory, storage
 
     out: dict[str, Any] = {}
     for name in runnable_presets():
@@ -48,8 +49,10 @@ def requirements() -> dict[str, Any]:
         rows = KNOWN_DATASET_ROWS.get(files[0].rsplit("/", 1)[-1]) if files else None
         out[name] = {"storageBytes": int(s["bytes"]) if s["bytes"] is not None else None,
                      "storage": s["summary"],
-                     "loopMemoryBytes": int(loop_memory(preset, rows)["peak"])}
+                     "loopMemoryBytes": int(loop_memory(preset, rows)["peak"]),
+                     **checkpoint_write(preset, s["per_checkpoint"])}
     return {"presets": out}
+
 
 
 def requirements_text() -> str:
@@ -156,6 +159,14 @@ def runtime_report(preset: Preset, dataset_rows: Optional[int], value_files: lis
     L.append("")
     L.append("Storage (the shared volume)")
     L.append(f"  needs {st['summary']}")
+    if preset.placement.backend != "local":
+        hf = 4.0 * sizing.model_params(preset)  # verl's hf_model: the fp32 full state dict, gathered on rank 0
+        gbps = Assumptions().storage_gbps
+        L.append(f"  checkpoint contents {', '.join(sizing.CHECKPOINT_CONTENTS)} (checkpoint.save_contents); "
+                 + ("with" if sizing.HF_MODEL_SAVED else "without") + f" hf_model, whose full-weights copy costs "
+                 f"{fb(hf)} per checkpoint, {fb(hf)} of host memory on rank 0's pod and >= {hf / (gbps * 1e9):.0f} s "
+                 f"per save (one rank writing at {gbps:g} GB/s, the others waiting); `dapo eval export` makes the same "
+                 "HF weights from the shards when a checkpoint is scored")
     if values is not None:
         s = values["storage"]
         if s["existingClaim"]:

@@ -206,7 +206,10 @@ def _memory(s: Run, checks: Checks) -> dict[str, dict[str, float]]:
         "rollout": {"vllm_budget": budget / GIB, "weights": weights / GIB, "kv_cache": max(kv, 0) / GIB,
                     "fsdp_resident": resident / GIB, "total": rollout_total / GIB,
                     "kv_tokens_per_engine": kv_tokens_per_engine,
-                    "max_len_sequences_in_kv": kv_tokens_per_engine / max_seq},
+                    "max_len_sequences_in_kv": kv_tokens_per_engine / max_seq,
+                    # what vLLM is handed (dapo.backends.verl.settings): its context and the model's positions
+                    "max_model_len": float(max_seq), "model_positions": float(s.arch.max_position_embeddings),
+                    "position_override": float(s.preset.recipe.model.override_config.get("max_position_embeddings", 0))},
         "host": {"offload_per_node": host_per_node / GIB},
         "gpu_memory": {"total": G.memory_gib},
     }

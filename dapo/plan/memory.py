@@ -11,8 +11,10 @@ The loop is the Ray job driver, started on a worker pod (the training RayJob's `
                                                                  context, NCCL and pinned buffers, Python)
               + FSDP offload per node                           (fp32 params / Adam moments with param_offload /
                                                                  optimizer_offload, sharded over all GPUs)
-              + 4 N                                              (verl's hf_model save gathers the full fp32 state
-                                                                 dict on rank 0's pod; the loop may share it)
+              + 4 N, only with hf_model in save_contents         (verl's hf_model save gathers the full fp32 state
+                                                                 dict on rank 0's pod; the loop may share it; the
+                                                                 presets save none: dapo.backends.verl.settings.
+                                                                 CHECKPOINT_CONTENTS)
 
 Local-backend presets run the whole model in the loop's process; only /dev/shm is reserved there.
 
@@ -36,12 +38,13 @@ with P = max_prompt_length, R = max_response_length (padded, so lengths do not m
 Storage
 -------
 At most ``max_ckpt_to_keep + 1`` checkpoints exist at once (dapo.train.checkpoint prunes before and after a save). One
-verl checkpoint of an N-parameter model: fp32 FSDP model shards (4N) + Adam moments (8N) + ``hf_model`` (4N: verl
-passes the fp32 full state dict to ``save_pretrained``); the model download in the HF cache is bf16 (2N); data is a
+verl checkpoint of an N-parameter model: fp32 FSDP model shards (4N) + Adam moments (8N) (+ 4N with ``hf_model`` in
+``save_contents``: verl passes the fp32 full state dict to ``save_pretrained``; the presets save none); the model download in the HF cache is bf16 (2N); data is a
 fixed allowance; 10% headroom on top. ``max_ckpt_to_keep: null`` (keep all) counts every checkpoint the run saves.
 
 The chart's copy of these numbers (charts/dapo/files/requirements.yaml) is written by :mod:`dapo.plan.cli`.
-Imports :mod:`dapo.plan.models` (the model's parameters) only; :mod:`dapo.k8s` (the chart's values check) and
+Imports :mod:`dapo.plan.models` (the model's parameters) and the checkpoint contents of
+:mod:`dapo.backends.verl.settings` only; :mod:`dapo.k8s` (the chart's values check) and
 :mod:`dapo.plan.cli` sit on top of it.
 """
 
@@ -52,6 +55,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from dapo.backends.verl.settings import CHECKPOINT_CONTENTS
+
+# verl's full-weights HF copy at every save (rank 0 gathers the fp32 model): not in the presets' save_contents
+HF_MODEL_SAVED = "hf_model" in CHECKPOINT_CONTENTS
 GIB = 1024**3
 TIB = 1024**4
 
@@ -159,7 +166,7 @@ def worker_reserved(preset, shm_bytes: float, A: SizingAssumptions = SizingAssum
         out["worker_processes"] = gpn * A.worker_process_gib * GIB
         out["fsdp_offload"] = gpn * ((4.0 * N / shards if p.parallel.param_offload else 0.0)
                                      + (8.0 * N / shards if p.parallel.optimizer_offload else 0.0))
-        out["hf_model_gather"] = 4.0 * N
+        out["hf_model_gather"] = 4.0 * N if HF_MODEL_SAVED else 0.0
     out["total"] = sum(out.values())
     return out
 
@@ -176,7 +183,7 @@ def storage(preset, A: SizingAssumptions = SizingAssumptions()) -> dict[str, Any
     """Bytes the run's volume needs (module doc) and a one-line account of them."""
     t = preset.recipe.trainer
     N = model_params(preset)
-    per_ckpt = (4.0 + 8.0 + 4.0) * N if preset.placement.backend != "local" else 16.0 * N
+    per_ckpt = (4.0 + 8.0 + (4.0 if HF_MODEL_SAVED else 0.0)) * N if preset.placement.backend != "local" else 16.0 * N
     keep = t.max_ckpt_to_keep if t.max_ckpt_to_keep and t.max_ckpt_to_keep > 0 else None
     saved = checkpoints_saved(preset)
     if keep is not None:
@@ -204,3 +211,28 @@ def storage_message(preset_name: str, size: str, summary: str) -> str:
     """The refusal of a too-small volume -- the chart prints the same text (charts/dapo/templates/_validate.tpl)."""
     return (f"storage.size: {size} is smaller than what preset {preset_name} needs: {summary} (dapo plan --preset "
             f"{preset_name}); raise storage.size or lower recipe.trainer.max_ckpt_to_keep")
+
+
+# The checkpoint write may take at most this share of the run's wall time (the preflight's storage check).
+CHECKPOINT_WALL_SHARE = 0.10
+
+
+def checkpoint_write(preset, checkpoint_bytes: float) -> dict[str, Any]:
+    """The write throughput the shared volume needs: a checkpoint of ``checkpoint_bytes`` every ``save_freq`` steps
+    of the plan's step time (generation, training, validation) takes at most CHECKPOINT_WALL_SHARE of the wall time,
+    w <= share * (between + w), i.e. bytes / rate <= share / (1 - share) * between. Empty for a preset without a
+    step-time model (the local backend) or without checkpoints."""
+    save_freq = preset.recipe.trainer.save_freq
+    if save_freq <= 0:
+        return {}
+    try:
+        from dapo.plan.estimate import make_plan
+        from dapo.plan.models import PlanError
+
+        t = make_plan(preset).time_s
+    except PlanError:
+        return {}
+    between = save_freq * (t["step"] + t["validation_per_step"])
+    rate = checkpoint_bytes / (CHECKPOINT_WALL_SHARE / (1 - CHECKPOINT_WALL_SHARE) * between)
+    return {"checkpointBytes": int(checkpoint_bytes), "secondsBetweenSaves": int(round(between)),
+            "minWriteBytesPerSecond": int(round(rate))}

@@ -60,6 +60,9 @@ def render_text(plan: Plan) -> str:
              f"{ro['kv_cache']:.1f} = {_fmt_n(ro['kv_tokens_per_engine'])} tokens/engine, "
              f"{ro['max_len_sequences_in_kv']:.0f} max-length sequences) + FSDP resident {ro['fsdp_resident']:.1f}"
              " + context")
+    over = f", raised to {ro['position_override']:,.0f} by hf_overrides" if ro["position_override"] else ""
+    L.append(f"  vLLM context   max_model_len {ro['max_model_len']:,.0f} (prompt + response: rollout.max_model_len); the "
+             f"model's config.json has {ro['model_positions']:,.0f} positions{over}")
     if m["host"]["offload_per_node"]:
         L.append(f"  host RAM       {m['host']['offload_per_node']:6.1f} per node for param/optimizer offload")
     L.append("")

@@ -40,7 +40,7 @@ import torch
 
 from dapo.backends.base import Backend, Rollout, Sampling
 from dapo.backends.verl.batch import (_as_messages, _dataproto, _mixed, _obj_array, balance_order, place_scores,
-                                     response_lengths)
+                                     valid_response_ids)
 from dapo.backends.verl.workers import VerlWorkers
 from dapo.config import ConfigError, Preset
 from dapo.loss import agg_loss, masked_mean
@@ -72,6 +72,7 @@ class VerlBackend(Backend):
         self._rollout_step: Optional[int] = None
         self.num_syncs = 0  # actor -> rollout weight transfers so far (one per step: tests count them)
         self.use_kl_loss = bool(self.cfg.actor_rollout_ref.actor.use_kl_loss)
+        self.n_gpus = int(self.cfg.trainer.nnodes) * int(self.cfg.trainer.n_gpus_per_node)  # verl's resource pool
         if bool(self.cfg.algorithm.use_kl_in_reward):
             raise ConfigError("algorithm.use_kl_in_reward: not implemented by the DAPO loop (use recipe.actor."
                               "use_kl_loss); refusing a config the loop would silently ignore")
@@ -199,15 +200,10 @@ class VerlBackend(Backend):
     def _rollout(self, data: Any, rows: list[dict[str, Any]], group_ids: np.ndarray) -> Rollout:
         """The responses decoded in one ``batch_decode``; the loop scores them (once) and the scores travel in
         ``Rollout.stats`` to :meth:`update`, which places them as ``token_level_scores``."""
-        resp = data.batch["responses"]
-        lengths = response_lengths(data)
-        L = lengths.cpu().numpy().astype(np.int64)
-        rows_ids = resp.cpu().tolist()
-        ids = [r[: int(n)] for r, n in zip(rows_ids, L)]
+        ids, L, last = valid_response_ids(data)
         texts = list(self.tokenizer.batch_decode(ids, skip_special_tokens=True))
         max_len = int(self.cfg.data.max_response_length)
-        eos = self.eos_token_ids
-        truncated = np.asarray([int(n) >= max_len and (not t or t[-1] not in eos) for n, t in zip(L, ids)], dtype=bool)
+        truncated = (L >= max_len) & ~np.isin(last, sorted(self.eos_token_ids))  # full length and no EOS at the end
         prompt_len = data.batch["prompts"].shape[-1]
         stats: dict[str, np.ndarray] = {
             "prompt_length": data.batch["attention_mask"][:, :prompt_len].sum(-1).cpu().numpy().astype(np.float64),
@@ -307,6 +303,7 @@ class VerlBackend(Backend):
         metrics.update({
             "actor/entropy": float(agg_loss(ent, mask, self.recipe.actor.loss_agg_mode)),
             "actor/mean_prob": float(masked_mean(old.exp(), mask)),
+            **({"perf/mfu/actor_infer": float(out.meta_info["mfu"])} if "mfu" in out.meta_info else {}),
         })  # fmt: skip
         if "rollout_log_probs" in data.batch.keys():
             # verl's fit() logs how far vLLM's token probabilities are from the actor's: the weight push's check
@@ -350,6 +347,12 @@ class VerlBackend(Backend):
         metrics["actor/num_optimizer_steps"] = float(int(self.cfg.actor_rollout_ref.actor.ppo_epochs) * -(-n // mini))
         self.step += 1  # the replicas are stale now; the next generate() syncs them once (after any save)
         return metrics
+
+    def fit_metrics(self, batch: Rollout, advantages: np.ndarray, timing: dict[str, float]) -> dict[str, float]:
+        """What verl's fit() logs for this batch, by verl's own functions (:mod:`dapo.backends.verl.fit_metrics`)."""
+        from dapo.backends.verl.fit_metrics import fit_metrics
+
+        return {**fit_metrics(batch.data, advantages, timing, self.cfg, self.n_gpus), **self.workers.profiler_hooks()}
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:

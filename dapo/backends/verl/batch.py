@@ -1,6 +1,8 @@
 """The verl backend's batch helpers: plain functions over ``verl.DataProto`` (no GPU, no worker groups).
 
 - building a DataProto from prompt rows (``_dataproto``, ``_obj_array``, ``_as_messages``, ``_mixed``);
+- :func:`valid_response_ids`: each response's valid tokens as Python lists for the tokenizer, built from the valid
+  tokens only (one tensor gather; the padding of ``batch x max_response_length`` never becomes Python objects);
 - :func:`response_lengths` and :func:`place_scores`: verl's reward placement, ``token_level_scores[i, L_i - 1] = R_i``
   on the last valid response token (no KL in reward: ``token_level_rewards = token_level_scores``);
 - :func:`balance_order`: verl's ``balance_batch`` reordering for balanced data-parallel work.
@@ -15,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["response_lengths", "place_scores", "balance_order"]
+__all__ = ["response_lengths", "valid_response_ids", "place_scores", "balance_order"]
 
 
 def _dataproto():
@@ -48,6 +50,27 @@ def response_lengths(data: Any) -> torch.Tensor:
     """Generated tokens per response (EOS included): the valid part of ``attention_mask`` after the prompt."""
     prompt_len = data.batch["prompts"].shape[-1]
     return data.batch["attention_mask"][:, prompt_len:].sum(-1)
+
+
+def valid_response_ids(data: Any) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+    """(token ids of each response's valid part, lengths, each response's last valid token or -1 when empty).
+
+    Driver work scales with the generated tokens, not with the padded ``[N, max_response_length]`` tensor (at full's
+    scale 24,576 x 20,480 slots per generation batch, most of them padding): the valid tokens are gathered by the
+    response mask in one tensor op and only they become Python ints (``tolist`` of a flat tensor, split by length)."""
+    resp = data.batch["responses"]
+    lengths = response_lengths(data).cpu()
+    L = lengths.numpy().astype(np.int64)
+    valid = torch.arange(resp.shape[-1], device=resp.device)[None, :] < lengths.to(resp.device)[:, None]
+    flat = resp[valid].cpu().tolist()  # row-major: each row's valid tokens, rows in order
+    ends = np.cumsum(L)
+    ids = [flat[e - n:e] for e, n in zip(ends.tolist(), L.tolist())]
+    last = np.full(len(L), -1, dtype=np.int64)
+    nonempty = L > 0
+    if nonempty.any():
+        rows = torch.as_tensor(np.nonzero(nonempty)[0])
+        last[nonempty] = resp.cpu()[rows, torch.as_tensor(L[nonempty] - 1)].numpy()
+    return ids, L, last
 
 
 def place_scores(data: Any, rewards: Any) -> None:

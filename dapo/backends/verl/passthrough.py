@@ -7,7 +7,9 @@ code the DAPO loop runs reads them (:data:`PASSTHROUGH_ALLOWED`). :func:`check_p
 - a key the preset owns (one source of truth; :func:`dapo.backends.verl.settings.settings`): the error names the
   preset key to use instead;
 - a key only verl's own ``RayPPOTrainer.fit()`` / ``main_ppo`` / its dataset reads (:data:`PASSTHROUGH_REFUSED`,
-  with the reason: the loop would accept and silently skip it).
+  with the reason: the loop would accept and silently skip it);
+- any role's ``profiler`` (``actor_rollout_ref.{actor,ref,rollout}.profiler.*``, :data:`PROFILER_REFUSED`): the
+  workers build a profiler from it, but only fit() starts and stops it around its steps.
 
 Imports :mod:`dapo.config` and :mod:`dapo.backends.verl.settings`.
 """
@@ -36,7 +38,8 @@ PASSTHROUGH_REFUSED: dict[str, str] = {
     "actor_rollout_ref.rollout.full_determinism": f"{_FIT_ONLY}: main_ppo turns it into VERL_FULL_DETERMINISM / "
     "VLLM_BATCH_INVARIANT / PYTHONHASHSEED before ray.init; set those in placement.env instead",
     "algorithm.rollout_correction": f"{_FIT_ONLY}: rollout correction (importance weights / rejection sampling "
-    "against pi_rollout) is computed in fit(); the DAPO loop recomputes pi_old instead",
+    "against pi_rollout) is applied in fit(); the DAPO loop recomputes pi_old instead (it logs fit()'s rollout_corr/* "
+    "diagnostics with verl's defaults)",
     "global_profiler": f"{_FIT_ONLY}: the profiler is started and stopped around fit()'s steps",
     "skip": f"{_FIT_ONLY}: verl's SkipManager is driven by fit()",
     "trainer.esi_redundant_time": f"{_FIT_ONLY}: the expiry-driven save is decided in fit(); use "
@@ -56,6 +59,14 @@ PASSTHROUGH_REFUSED: dict[str, str] = {
 }
 
 
+# actor_rollout_ref.<role>.profiler.*: verl's workers read it (a ProfilerConfig per role), but only fit() calls
+# start_profile / stop_profile (ray_trainer.py: `curr_step_profile`, global_profiler.steps), so under the DAPO loop
+# it would be accepted and then nothing would be profiled.
+PROFILER_REFUSED = (f"{_FIT_ONLY}: a role's profiler is configured in the workers but started and stopped only by "
+                    "fit()'s steps (global_profiler.steps); profile the loop's processes with placement.env "
+                    "settings of your profiler (e.g. nsys on the worker pods) instead")
+
+
 def _under(key: str, prefix: str) -> bool:
     return key == prefix or key.startswith(prefix + ".")
 
@@ -66,6 +77,8 @@ def passthrough_refusal(key: str) -> Optional[str]:
     The most specific prefix of either table decides: ``trainer.device`` (allowed: ``init_workers`` reads it) wins
     over ``trainer`` (refused: fit()'s), and ``actor_rollout_ref.rollout.full_determinism`` (refused) over
     ``actor_rollout_ref`` (allowed)."""
+    if "profiler" in key.split("."):
+        return PROFILER_REFUSED
     matches = [(len(p), p in PASSTHROUGH_REFUSED, p) for p in (*PASSTHROUGH_ALLOWED, *PASSTHROUGH_REFUSED)
                if _under(key, p)]
     if not matches:

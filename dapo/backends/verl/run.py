@@ -47,6 +47,10 @@ def describe(preset: Preset, resolved: Any) -> str:
         f"# policy loss: actor_rollout_ref.actor.policy_loss.loss_mode="
         f"{resolved.cfg.actor_rollout_ref.actor.policy_loss.loss_mode} (token_mean_scope {r.actor.token_mean_scope})",
     ]
+    ro = resolved.cfg.actor_rollout_ref.rollout
+    over = (ro.engine_kwargs.get("vllm") or {}).get("hf_overrides") or {}
+    lines.append(f"# vLLM context: max_model_len {ro.max_model_len} (prompt + response)"
+                 + (f", model positions raised by hf_overrides {dict(over)}" if over else ""))
     lines += [f"# note: {n}" for n in resolved.notes]
     return "\n".join(lines)
 

@@ -27,6 +27,9 @@ from dapo.config import ConfigError, Preset
 LOSS_MODULE = "dapo.backends.verl.loss"
 # The CPU platform (dapo.backends.verl.cpu): the vLLM worker extension of patch 2 (VERL_PLATFORM: CPU_PLATFORM).
 CPU_VLLM_EXTENSION = "dapo.backends.verl.cpu.vllm_worker.CPUReloadWorkerExtension"
+# What verl's checkpoint manager writes at every save (checkpoint.save_contents): FSDP model shards, optimizer,
+# extra state (lr scheduler, RNG); no "hf_model" full-weights copy (settings(); dapo.plan.memory sizes from this).
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra")
 # recipe.actor.token_mean_scope -> the verl loss_mode name registered by LOSS_MODULE.
 LOSS_MODES = {"minibatch": "dapo", "microbatch": "dapo_microbatch"}
 
@@ -186,9 +189,27 @@ def settings(preset: Preset) -> list[Setting]:
     put("actor_rollout_ref.rollout.enforce_eager", True,
         "fixed: reference default (the DAPO README: CUDA graphs may degrade model performance)")
     put("actor_rollout_ref.rollout.max_num_seqs", 1024, "fixed: reference default (0.9.1 default 256)")
+    # vLLM's context: one prompt + response. Left unset, verl 0.9.1 derives it from *its* copy of the HF config
+    # (override_config included) while vLLM reads the model's own config.json and refuses a longer max_model_len
+    # (vllm/config/model.py, _get_and_verify_max_len); the position override reaches vLLM through its hf_overrides.
+    put("actor_rollout_ref.rollout.max_model_len", d.max_prompt_length + d.max_response_length,
+        "recipe.data.max_prompt_length + recipe.data.max_response_length")
+    if "max_position_embeddings" in m.override_config:
+        put("actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides.max_position_embeddings",
+            m.override_config["max_position_embeddings"], "recipe.model.override_config.max_position_embeddings",
+            append=True)
     put("actor_rollout_ref.rollout.seed", 0, "fixed: reference engine_seed")
-    put("actor_rollout_ref.actor.checkpoint.save_contents", ["model", "hf_model", "optimizer", "extra"],
-        "fixed: reference default (hf_model: a HuggingFace copy to evaluate each checkpoint)")
+    # no hf_model: in 0.9.1 it makes rank 0 gather and write the whole fp32 model at every save (32B: ~122 GiB of host
+    # memory on one pod, ~131 GB more per checkpoint, every other rank at a barrier), where the reference commit's
+    # hf_model wrote the config and tokenizer only -- which 0.9.1 writes anyway; `dapo eval export` merges the FSDP
+    # shards into the same HF weights when a checkpoint is scored (docs/fidelity.md)
+    put("actor_rollout_ref.actor.checkpoint.save_contents", list(CHECKPOINT_CONTENTS),
+        "fixed: the reference's contents without a full-weights hf_model copy (the export merges the shards)")
+    # FSDP2 on every preset: verl's README recommends it ("better throughput and memory usage"; its CPU offload is
+    # correct under gradient accumulation), and it is the FSDP the CPU run exercises end to end (docs/fidelity.md:
+    # the reference ran FSDP1; the numbers differ only by reduction order). ref.strategy follows actor.strategy.
+    put("actor_rollout_ref.actor.strategy", "fsdp2",
+        "fixed: FSDP2 (verl's recommendation; the strategy the CPU run tests; reference default fsdp)")
     put("trainer.balance_batch", True, "fixed: reference default")
     put("trainer.use_v1", False, "fixed: the non-v1 worker groups; DAPO's loop is dapo.train.loop")
     if not r.reward.verl_agreement:
@@ -225,19 +246,15 @@ def cpu_settings(preset: Preset) -> list[tuple[str, Any, str, bool]]:
     """verl keys for its own workers on the host CPU: (key, value, why, append). Only for
     ``placement.accelerator: cpu`` (docs/verl.md, 'verl on CPU')."""
     world = preset.placement.nodes * preset.placement.gpus_per_node
-    d = preset.recipe.data
     fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
     out: list[tuple[str, Any, str, bool]] = [
         ("trainer.device", "cpu", "torch device of the workers", False),
-        ("actor_rollout_ref.actor.strategy", "fsdp2", "FSDP2 (fully_shard) runs on gloo", False),
         ("actor_rollout_ref.actor.use_torch_compile", False, "no torch.compile on CPU", False),
         ("actor_rollout_ref.actor.fsdp_config.use_torch_compile", False, "no torch.compile on CPU", False),
         ("actor_rollout_ref.ref.fsdp_config.use_torch_compile", False, "no torch.compile on CPU", False),
         ("actor_rollout_ref.rollout.dtype", "float32", "vLLM CPU in float32, as the actor", False),
         ("actor_rollout_ref.rollout.free_cache_engine", False, "vLLM CPU has no sleep mode", False),
         ("actor_rollout_ref.rollout.enable_sleep_mode", False, "vLLM CPU has no sleep mode", True),
-        ("actor_rollout_ref.rollout.max_model_len", d.max_prompt_length + d.max_response_length,
-         "one prompt + response: vLLM CPU's KV cache is small", False),
         ("actor_rollout_ref.rollout.agent.num_workers", 1, "one agent-loop worker (each is a process)", False),
         ("actor_rollout_ref.rollout.checkpoint_engine.backend", "naive", "weights through shared memory", False),
         ("actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls", CPU_VLLM_EXTENSION,
