@@ -47,6 +47,7 @@ WRITER = textwrap.dedent("""
             time.sleep(1.0)  # the attempt log's copying thread writes the piece first
             os.kill(os.getpid(), signal.SIGKILL)
         os.write(1, b"ces\\n")
+        time.sleep(0.3)  # stdout and stderr reach the log through two pipes: their order needs a pause
         print(f"{tag} done", file=sys.stderr, flush=True)
         return int(rc)
 
