@@ -28,7 +28,7 @@ $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
-	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" -e ".[verl,k8s,eval,dev]"
+	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" -e ".[verl,k8s,eval,dev,wandb]"
 	touch $@
 
 setup: $(VENV)/.stamp
@@ -109,6 +109,8 @@ clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(CHECKOV_VENV) runs .pytest_cache
 
 # Container images (need Docker with BuildKit/buildx; not run by `make test`). See docs/images.md.
+#   make images REGISTRY=reg/path     the README's first step: build both images and push them to REGISTRY
+#                                     (REGISTRY/dapo and REGISTRY/dapo-eval; docker login to it first)
 #   make image                        training image, current stack (docker/Dockerfile + docker/constraints.txt)
 #   make image IMAGE_STACK=repro      reproduction stack of the reference runs (docker/repro.args)
 #   make image-eval                   evaluation image (docker/Dockerfile.eval + docker/constraints-eval.txt)
@@ -119,7 +121,12 @@ IMAGE_TAG ?= $(if $(filter repro,$(IMAGE_STACK)),0.1.0-repro-verl4f80e46,0.1.0-v
 EVAL_IMAGE ?= ghcr.io/dapo-k8s/dapo-eval
 EVAL_IMAGE_TAG ?= 0.1.0-ray2.60.0
 IMAGE_PUSH ?= 0
-.PHONY: image image-eval lock lock-check
+REGISTRY ?=
+# flash-attn's CUDA architectures ("" = the stack's: docker/Dockerfile's 90 for H100/H200, the GPU presets; the
+# repro stack's 80;90), e.g. CUDA_ARCHS="80;90" adds A100; MAX_JOBS ("" = 8): parallel nvcc jobs, about RAM / 4 GB.
+CUDA_ARCHS ?=
+MAX_JOBS ?=
+.PHONY: image image-eval images lock lock-check
 # The images' lock files (docker/locks/): what each image installs, fully resolved and hashed by uv from
 # docker/requirements*.in, docker/constraints*.txt and pyproject.toml (seconds; docs/images.md, "Change a pin").
 # lock-check resolves again and fails if a committed lock is stale (the image workflow runs it before building).
@@ -130,7 +137,15 @@ lock-check: setup
 	$(VENV)/bin/python scripts/lock_images.py --check
 
 image:
-	docker/build.sh --file docker/Dockerfile --tag $(IMAGE):$(IMAGE_TAG) $(if $(filter-out current,$(IMAGE_STACK)),--args docker/$(IMAGE_STACK).args) $(if $(filter 1,$(IMAGE_PUSH)),--push)
+	docker/build.sh --file docker/Dockerfile --tag $(IMAGE):$(IMAGE_TAG) $(if $(filter-out current,$(IMAGE_STACK)),--args docker/$(IMAGE_STACK).args) $(if $(filter 1,$(IMAGE_PUSH)),--push) -- $(if $(CUDA_ARCHS),--build-arg "FLASH_ATTN_CUDA_ARCHS=$(CUDA_ARCHS)") $(if $(MAX_JOBS),--build-arg "MAX_JOBS=$(MAX_JOBS)")
+
+# Both images into the user's registry, then the values that point the chart at them.
+images:
+	@if [ -z "$(REGISTRY)" ]; then echo "make images: set REGISTRY=<registry>/<path> (e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/ml or us-docker.pkg.dev/PROJECT/ml); docker login to it first" >&2; exit 2; fi
+	$(MAKE) image IMAGE=$(REGISTRY)/dapo IMAGE_PUSH=1
+	$(MAKE) image-eval EVAL_IMAGE=$(REGISTRY)/dapo-eval IMAGE_PUSH=1
+	@echo "pushed $(REGISTRY)/dapo:$(IMAGE_TAG) and $(REGISTRY)/dapo-eval:$(EVAL_IMAGE_TAG); install with:"
+	@echo "  --set image.repository=$(REGISTRY)/dapo --set eval.image.repository=$(REGISTRY)/dapo-eval"
 
 image-eval:
 	docker/build.sh --file docker/Dockerfile.eval --tag $(EVAL_IMAGE):$(EVAL_IMAGE_TAG) $(if $(filter 1,$(IMAGE_PUSH)),--push)

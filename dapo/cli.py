@@ -13,6 +13,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "data": ("dapo.data.cli", "main", "prepare and validate the training / evaluation parquet files"),
     "plan": ("dapo.plan.cli", "main", "memory, tokens, time and GPU-hours of a preset before GPUs are booked"),
     "eval": ("dapo.eval.cli", "main", "AIME-2024 avg@32 against an OpenAI-compatible endpoint (Ray Serve LLM)"),
+    "wandb": ("dapo.train.dashboard_cli", "main", "the run's saved wandb dashboard: dapo wandb dashboard --entity E "
+              "--project P"),
     "bench": ("dapo.bench.cli", "main", "benchmarks (ablation ladder, step-time breakdown)"),
 }
 

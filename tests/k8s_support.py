@@ -19,6 +19,11 @@ from dapo.k8s.values import _merge
 
 CHART_DIR = ROOT / "charts" / "dapo"
 VALUES_DIR = ROOT / "values"
+# The cluster the tests render for, layered after the values files and before a test's own values: its images exist
+# under the chart's default names, its ReadWriteMany class is rwx-class (what `scripts/render.py --all` renders for:
+# RENDER_CLUSTER there). Without it the chart refuses the unpublished default images and the values files'
+# placeholder class (dapo.k8s.install_rules); stand_in=False renders without it.
+STAND_IN = {"image": {"published": True}, "storage": {"storageClassName": "rwx-class"}}
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,36 +47,51 @@ def chart():
     return helm().Chart.load(str(CHART_DIR))
 
 
-def user_values(files: list[Path] | tuple[Path, ...], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What `helm -f a.yaml -f b.yaml` hands the chart: user files merged, later wins, maps merge."""
+def on_stand_in(values: dict[str, Any]) -> dict[str, Any]:
+    """STAND_IN with these values over it (a copy)."""
+    return _merge(copy.deepcopy(STAND_IN), copy.deepcopy(values))
+
+
+def user_values(files: list[Path] | tuple[Path, ...], extra: dict[str, Any] | None = None, *,
+                stand_in: bool = True) -> dict[str, Any]:
+    """What `helm -f a.yaml -f b.yaml` hands the chart: user files merged, later wins, maps merge; then STAND_IN
+    (unless stand_in is False), then extra."""
     out: dict[str, Any] = {}
     for f in files:
         out = _merge(out, yaml.safe_load(Path(f).read_text()) or {})
+    if stand_in:
+        out = _merge(out, copy.deepcopy(STAND_IN))
     if extra:
         out = _merge(out, extra)
     return out
 
 
-def helm_render(values: dict[str, Any], *, release: str = "dapo", namespace: str = "ml") -> dict[str, str]:
+def helm_render(values: dict[str, Any], *, release: str = "dapo", namespace: str = "ml",
+                stand_in: bool = True) -> dict[str, str]:
+    """`helm template` of these user values; STAND_IN beneath them unless stand_in is False."""
+    if stand_in:
+        values = _merge(copy.deepcopy(STAND_IN), values)
     return chart().render(copy.deepcopy(values), name=release, namespace=namespace)
 
 
 def helm_objects(values: dict[str, Any], *, release: str = "dapo", namespace: str = "ml",
-                 strip: bool = True, hooks: bool = False) -> list[dict[str, Any]]:
+                 strip: bool = True, hooks: bool = False, stand_in: bool = True) -> list[dict[str, Any]]:
     """Objects of `helm template`, NOTES left out; Helm-only labels removed when strip; the `helm test` hook pods
-    only when hooks (then nothing else)."""
-    out = []
-    for path, text in sorted(helm_render(values, release=release, namespace=namespace).items()):
+    only when hooks (then nothing else); the pre-install preflight Job with the other objects."""
+    out, pre_install = [], []
+    for path, text in sorted(helm_render(values, release=release, namespace=namespace, stand_in=stand_in).items()):
         if path.endswith("NOTES.txt"):
             continue
         for obj in yaml.safe_load_all(text):
-            is_hook = bool(obj) and "helm.sh/hook" in (obj["metadata"].get("annotations") or {})
+            # `helm test` pods are hooks=True; the preflight's pre-install hook is among the release's objects
+            is_hook = bool(obj) and (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"
             if obj and is_hook == hooks:
                 if strip:
                     for label in HELM_ONLY_LABELS:
                         obj["metadata"].get("labels", {}).pop(label, None)
-                out.append(obj)
-    return out
+                pre = (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-install"
+                (pre_install if pre else out).append(obj)
+    return pre_install + out  # Helm's install order: the pre-install hooks first
 
 
 def helm_notes(values: dict[str, Any], *, release: str = "dapo", namespace: str = "ml") -> str:
@@ -84,7 +104,9 @@ def set_files(name: str) -> tuple[list[Path], str]:
 
 
 def python_objects(files, *, release: str = "dapo", namespace: str | None = "ml",
-                   extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                   extra: dict[str, Any] | None = None, stand_in: bool = True) -> list[dict[str, Any]]:
+    if stand_in:
+        extra = _merge(copy.deepcopy(STAND_IN), extra or {})
     return render_objects(CHART_DIR, list(files), release=release, namespace=namespace, extra=extra)
 
 

@@ -15,6 +15,8 @@ from dapo.k8s.manifests import Chart
 from dapo.k8s.presets import runnable_presets
 from k8s_support import (
     CHART_DIR,
+    on_stand_in,
+    python_objects,
     VALUES_DIR,
     by_key,
     chart,
@@ -28,7 +30,7 @@ from k8s_support import (
 
 CI_VALUES = sorted((CHART_DIR / "ci").glob("*.yaml"))
 # a GPU preset needs a ReadWriteMany StorageClass by name (the chart refuses the cluster default)
-RWX = {"storage": {"storageClassName": "shared-rwx"}}
+RWX = {"storage": {"storageClassName": "rwx-class"}}
 
 
 def _lint(values):
@@ -52,7 +54,10 @@ def test_every_values_file_lints_strict_and_renders_its_preset(name):
         assert kinds == sorted(["NetworkPolicy", "RayJob"] + follower)
         return
     pdb = ["PodDisruptionBudget"] if values.get("disruption", {}).get("podDisruptionBudget") else []
-    assert kinds == sorted(["ConfigMap", "NetworkPolicy", "PersistentVolumeClaim", "RayJob"] + pdb + follower)
+    preflight = ["Job"] if name != "tiny" else []  # a GPU training run's preflight (tests/test_preflight_chart.py)
+    assert kinds == sorted(["ConfigMap", "NetworkPolicy", "PersistentVolumeClaim", "RayJob"] + pdb + follower
+                           + preflight)
+    assert (("Job", f"{release}-preflight") in objects) == bool(preflight)
     job = objects[("RayJob", f"{release}-train")]
     if values.get("train", {}).get("runner") == "reference":  # the upstream recipe; see tests/test_reference.py
         assert " python3 -m recipe.dapo.src.main_dapo " in job["spec"]["entrypoint"]
@@ -302,8 +307,7 @@ def test_training_driver_is_placed_on_a_worker_never_the_head(name):
     only place to start it (cluster-facts: without entrypoint resources the driver runs on the head)."""
     files, release = set_files(name)
     values = user_values(files)
-    for objects in (helm_objects(values, release=release), render_script().render_objects(CHART_DIR, files,
-                                                                                          release=release)):
+    for objects in (helm_objects(values, release=release), python_objects(files, release=release)):
         job = by_key(objects)[("RayJob", f"{release}-train")]["spec"]
         assert job["entrypointNumCpus"] == 1
         cluster = job["rayClusterSpec"]

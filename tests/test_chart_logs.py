@@ -13,7 +13,7 @@ from dapo.config import load_preset, split_overrides
 from dapo.k8s.followers import FAIL_JOB_CODES
 from dapo.train.cli import build_parser as train_parser
 from dapo.train.cli import run_dir_of
-from dapo.train.follow import build_parser as follow_parser
+from dapo.cluster.follow import build_parser as follow_parser
 from k8s_support import VALUES_DIR, by_key, helm_objects, python_objects, render_script, set_files, user_values
 
 SETS = sorted(render_script().RENDER_SETS)
@@ -43,7 +43,7 @@ def test_every_rayjob_has_a_follower_of_the_directory_its_driver_writes(name):
         pod = job["spec"]["template"]["spec"]
         (follow,) = pod["initContainers"]
         argv = follow["command"] + follow["args"]
-        assert argv[:3] == ["python", "-m", "dapo.train.follow"]
+        assert argv[:3] == ["python", "-m", "dapo.cluster.follow"]
         args = follow_parser().parse_args(argv[3:])
         assert str(args.log_dir) == driver_log_dir(rayjob)
         assert args.rayjob == rayjob["metadata"]["name"] and args.backoff_limit == rayjob["spec"]["backoffLimit"]
@@ -61,8 +61,11 @@ def test_the_follower_reads_only_its_rayjobs_status_non_root_read_only():
     values = user_values([VALUES_DIR / "full.yaml"], {"eval": {"enabled": True}})
     objects = by_key(helm_objects(values, release="dapo", namespace="ml"))
     role = objects[("Role", "dapo-logs")]
+    # read-only: get on its RayJobs; get/list/watch on the namespace's pods and events (why a run waits)
     assert role["rules"] == [{"apiGroups": ["ray.io"], "resources": ["rayjobs"],
-                              "resourceNames": ["dapo-train", "dapo-eval"], "verbs": ["get"]}]
+                              "resourceNames": ["dapo-train", "dapo-eval"], "verbs": ["get"]},
+                             {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list", "watch"]}]
+    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in role["rules"])
     binding = objects[("RoleBinding", "dapo-logs")]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "dapo-logs"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dapo-logs", "namespace": "ml"}]
@@ -90,10 +93,10 @@ def test_the_follower_reads_only_its_rayjobs_status_non_root_read_only():
 
 
 def test_logs_disabled_leaves_no_follower_and_no_rbac_in_helm_and_render_py():
-    extra = {"logs": {"enabled": False}, "storage": {"storageClassName": "shared-rwx"}}
+    extra = {"logs": {"enabled": False}, "storage": {"storageClassName": "rwx-class"}}
     for objects in (helm_objects(user_values([VALUES_DIR / "full.yaml"], extra)),
                     python_objects([VALUES_DIR / "full.yaml"], extra=extra)):
-        kinds = {o["kind"] for o in objects}
+        kinds = {o["kind"] for o in objects if o["metadata"]["name"] != "dapo-preflight"}
         assert not kinds & {"Job", "Role", "RoleBinding", "ServiceAccount"}, kinds
 
 

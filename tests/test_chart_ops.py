@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from dapo.train import gpu_check
+from dapo.cluster import gpu_check
 from dapo.config import apply_overrides, load_preset
 from dapo.k8s import ValuesError, load_values
 from dapo.k8s.manifests import Chart
@@ -32,6 +32,7 @@ from dapo.config import split_overrides
 from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, follower_refusal, go_json, spec_sha256, upgrade_refusal
 from k8s_support import (
     CHART_DIR,
+    on_stand_in,
     VALUES_DIR,
     JsonHandler,
     by_key,
@@ -46,7 +47,7 @@ from k8s_support import (
     user_values,
 )
 
-RWX = {"storage": {"storageClassName": "shared-rwx"}}
+RWX = {"storage": {"storageClassName": "rwx-class"}}
 GPU_SETS = ["full", "early", "7b", "smoke"]
 
 
@@ -83,7 +84,8 @@ def test_storage_rule_accepts_a_class_an_existing_claim_or_the_cpu_preset():
 
 
 def test_every_gpu_values_file_names_a_marked_storage_class():
-    """The values files pass the rule with a placeholder class the user is told to replace."""
+    """The values files carry a placeholder class on a marked line; the chart refuses it until the user names theirs
+    (dapo.k8s.install_rules; the refusal is tested in tests/test_install_rules.py)."""
     for name in GPU_SETS:
         text = (VALUES_DIR / f"{name}.yaml").read_text()
         assert yaml.safe_load(text)["storage"]["storageClassName"] == "shared-rwx"
@@ -343,7 +345,7 @@ def test_fix_ownership_script_creates_the_directories_owned_by_the_image_user(tm
 def test_helm_test_pods_match_render_py_and_validate():
     for values in (RWX, {**copy.deepcopy(ESCAPES)}, {"preset": "tiny"}, {**RWX, "test": {"gpu": False}}):
         helm_pods = helm_objects(copy.deepcopy(values), hooks=True)
-        chart_ = Chart(load_values(CHART_DIR, [], [], copy.deepcopy(values)), release="dapo", namespace="ml")
+        chart_ = Chart(load_values(CHART_DIR, [], [], on_stand_in(values)), release="dapo", namespace="ml")
         assert helm_pods == chart_.test_pods()
         for pod in helm_pods:
             kubernetes_validate.validate(pod, "1.30", strict=True)
@@ -359,7 +361,7 @@ def test_helm_test_pods_match_render_py_and_validate():
 
 def test_shared_volume_test_script_writes_reads_back_and_names_the_fix(tmp_path):
     values = _values_on(tmp_path)
-    chart_ = Chart(load_values(CHART_DIR, [], [], copy.deepcopy(values)), release="dapo", namespace="ml")
+    chart_ = Chart(load_values(CHART_DIR, [], [], on_stand_in(values)), release="dapo", namespace="ml")
     (pod,) = [p for p in chart_.test_pods() if p["metadata"]["name"] == "dapo-test-shared"]
     script = _script(pod["spec"]["containers"][0])
     ok = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True)
@@ -541,12 +543,12 @@ def test_gpu_check_cli_exits_1_with_the_reason_when_no_driver_is_mounted(tmp_pat
     env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(ROOT)}
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "dapo.train.gpu_check", "--min-driver", "580"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "dapo.cluster.gpu_check", "--min-driver", "580"], capture_output=True,
                          text=True, env=env, cwd=tmp_path)
     assert out.returncode == 1
     assert "gpu_check: nvidia-smi not found" in out.stderr and "runtimeClassName" in out.stderr
     fake_nvidia_smi(tmp_path, ["535.104.05, NVIDIA A100-SXM4-80GB"])
-    out = subprocess.run([sys.executable, "-m", "dapo.train.gpu_check"], capture_output=True, text=True, env=env,
+    out = subprocess.run([sys.executable, "-m", "dapo.cluster.gpu_check"], capture_output=True, text=True, env=env,
                          cwd=tmp_path)
     assert out.returncode == 1 and "NVIDIA driver 535.104.05 is too old" in out.stderr
 
@@ -555,7 +557,7 @@ def test_gpu_workers_check_the_driver_at_start_and_the_head_does_not():
     _, p = both(RWX)
     job = p[("RayJob", "dapo-train")]
     worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
-    assert worker["lifecycle"]["postStart"]["exec"]["command"] == ["python", "-m", "dapo.train.gpu_check",
+    assert worker["lifecycle"]["postStart"]["exec"]["command"] == ["python", "-m", "dapo.cluster.gpu_check",
                                                                    "--min-driver", "580"]
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert "postStart" not in head["lifecycle"]
@@ -611,7 +613,8 @@ def test_render_py_apply_applies_the_upgrade_guard_before_applying_anything(monk
     fake = _FakeDynamic({"dapo-train": _live(job)})
     monkeypatch.setattr(kconfig, "load_kube_config", lambda *a, **k: None)
     monkeypatch.setattr(dynamic, "DynamicClient", lambda *a, **k: fake)
-    argv = ["--preset", "full", "--namespace", "ml", "--apply"] + (["--set", f"nodes={nodes}"] if nodes else [])
+    argv = ["--preset", "full", "--namespace", "ml", "--apply", "--set", "image.published=true", "--set",
+            "storage.storageClassName=rwx-class"] + (["--set", f"nodes={nodes}"] if nodes else [])
     rc = render_script().main(argv)
     err = capsys.readouterr().err
     if refused_:

@@ -236,7 +236,9 @@ def test_builder_compiles_the_lock_source_builds_with_nvcc_env(stack):
     assert "flash-attn" in source, f"{lock}-source.txt: flash-attn is compiled in the builder"
     run = next(ins for ins in df.instructions if ins.kind == "RUN" and "lock-source.txt" in ins.value)
     assert "FLASH_ATTENTION_FORCE_BUILD=TRUE" in run.value, "flash-attn must compile here, not fetch a prebuilt wheel"
-    assert re.search(r"FLASH_ATTN_CUDA_ARCHS=\"?80;90", run.value), run.value
+    # Hopper (the GPU presets' H100) always; the training stack builds only it by default (about an hour's build)
+    archs = re.search(r"FLASH_ATTN_CUDA_ARCHS=\"?([0-9;]+)", run.value).group(1).split(";")
+    assert "90" in archs and (stack != "train" or archs == ["90"]), run.value
     # the builder compiles against the lock's torch: its build subset holds the same torch as the runtime lock
     build, runtime = read_lock(LOCK_DIR / f"{lock}-build.txt"), read_lock(LOCK_DIR / f"{lock}.txt")
     assert build["torch"] == runtime["torch"], "the builder's torch is not the runtime's"
@@ -506,6 +508,29 @@ def test_make_image_targets_call_the_build_script_with_the_pinned_tags(fake_dock
     assert "--push" in out
 
 
+def test_make_images_builds_and_pushes_both_images_to_the_registry_and_prints_the_values(tmp_path):
+    """The README's first step, run as processes: make -> docker/build.sh -> a docker that records its argv."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "argv"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done >> {log}\necho END >> {log}\n')
+    (bin_dir / "docker").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    out = subprocess.run(["make", "--no-print-directory", "images", "REGISTRY=reg.example.com/ml", 'CUDA_ARCHS=80;90'],
+                         env=env, capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    calls = [c.strip("\n").splitlines() for c in log.read_text().split("END\n") if c.strip()]
+    assert len(calls) == 2
+    train, ev = calls
+    assert train[train.index("--tag") + 1] == f"reg.example.com/ml/dapo:{default_image_tag()}" and "--push" in train
+    assert train[train.index("--file") + 1].endswith("docker/Dockerfile")
+    assert "FLASH_ATTN_CUDA_ARCHS=80;90" in train  # other architectures by argument
+    assert ev[ev.index("--tag") + 1] == f"reg.example.com/ml/dapo-eval:{makefile_var('EVAL_IMAGE_TAG')}" and "--push" in ev
+    assert "--set image.repository=reg.example.com/ml/dapo --set eval.image.repository=reg.example.com/ml/dapo-eval" in out
+    # without a registry: the reason, and nothing built
+    log.unlink()
+    proc = subprocess.run(["make", "images"], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode != 0 and "set REGISTRY=" in proc.stderr and not log.exists()
+
+
 def test_ci_workflow_builds_both_images_and_says_it_does_not_run_here():
     path = ROOT / ".github" / "workflows" / "image.yml"
     text = path.read_text()
@@ -517,6 +542,13 @@ def test_ci_workflow_builds_both_images_and_says_it_does_not_run_here():
                for entry in job.get("strategy", {}).get("matrix", {}).get("include", [])}
     assert {"image", "image-eval"} <= targets and "make ${{ matrix.target }}" in runs, (targets, runs)
     assert "IMAGE_PUSH=1" in runs
+    # the build runs where its header says it must: not a standard hosted runner, and it checks the numbers it names
+    need = re.search(r"needs >= (\d+) cores, >= (\d+) GB RAM and >= (\d+) GB of free disk", text).groups()
+    build = workflow["jobs"]["build"]
+    assert not re.fullmatch(r"(ubuntu|windows|macos)-(latest|[\d.]+)", build["runs-on"]), build["runs-on"]
+    check = build["steps"][0]["run"]
+    cores, mem, disk = re.search(r'"\$cores" -lt (\d+).*"\$mem_gb" -lt (\d+).*"\$disk_gb" -lt (\d+)', check).groups()
+    assert (cores, disk) == (need[0], need[2]) and int(need[1]) * 0.9 <= int(mem) <= int(need[1]), (need, check)
     for step in steps:
         if "uses" in step:
             assert re.search(r"@(v\d+(\.\d+)*|[0-9a-f]{40})$", step["uses"]), f"{path}: unpinned action {step['uses']}"

@@ -1,4 +1,4 @@
-"""The log follower (python -m dapo.train.follow) as a process, against a directory where real attempt logs
+"""The log follower (python -m dapo.cluster.follow) as a process, against a directory where real attempt logs
 (dapo.train.runlog's writer, in child processes) are written, appended, cut mid-line, retried: its stdout is every line
 of every attempt of the run, in order, once, each attempt under one header, then one line saying how the run ended,
 and its exit code says the same. A follower killed and started again on the same state directory prints nothing
@@ -47,6 +47,7 @@ WRITER = textwrap.dedent("""
             time.sleep(1.0)  # the attempt log's copying thread writes the piece first
             os.kill(os.getpid(), signal.SIGKILL)
         os.write(1, b"ces\\n")
+        time.sleep(0.3)  # stdout and stderr reach the log through two pipes: their order needs a pause
         print(f"{tag} done", file=sys.stderr, flush=True)
         return int(rc)
 
@@ -62,7 +63,7 @@ def write_attempt(log_dir: Path, tag: str, rc: int | str) -> int:
 
 
 def follower(log_dir: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dapo.train.follow", "--log-dir", str(log_dir), *FAST, *args],
+    return subprocess.Popen([sys.executable, "-m", "dapo.cluster.follow", "--log-dir", str(log_dir), *FAST, *args],
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -280,7 +281,7 @@ def test_without_permission_to_read_the_rayjob_it_goes_on_with_the_logs(tmp_path
 
 def test_in_cluster_reads_send_the_current_service_account_token(tmp_path, api, monkeypatch):
     """The token is read again for every request (Kubernetes rotates projected tokens)."""
-    from dapo.train.rayjob_api import RayJobApi
+    from dapo.cluster.rayjob_api import RayJobApi
 
     token = tmp_path / "token"
     token.write_text("t1\n")

@@ -208,15 +208,33 @@ def _index_url() -> str:
     return os.environ.get(lock_images.INDEX_ENV) or settings["index-url"]
 
 
-@pytest.fixture(scope="module")
-def registry():
-    url = _index_url()
+def registry_or_skip(url: str, ci: bool) -> None:
+    """Reach the registry; unreachable: skip on a developer's machine, fail under CI (the environment variable CI
+    set, as every CI service does), where a skip would leave the run green without ever re-resolving a lock."""
     try:
         urllib.request.urlopen(f"{url.rstrip('/')}/pip/", timeout=15).close()
     except (urllib.error.URLError, OSError) as exc:
-        pytest.skip(f"package registry {url} unreachable ({exc}); re-resolving the locks needs it "
-                    f"(set {lock_images.INDEX_ENV} for a mirror)")
+        why = (f"package registry {url} unreachable ({exc}); re-resolving the locks needs it "
+               f"(set {lock_images.INDEX_ENV} for a mirror)")
+        if ci:
+            pytest.fail(f"CI is set: {why}", pytrace=False)
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    import os
+
+    registry_or_skip(_index_url(), bool(os.environ.get("CI")))
     return lock_images.uv_binary()
+
+
+def test_an_unreachable_registry_fails_under_ci_and_skips_elsewhere():
+    dead = "http://127.0.0.1:9/simple"  # the discard port: nothing listens
+    with pytest.raises(pytest.fail.Exception, match="CI is set: package registry .* unreachable"):
+        registry_or_skip(dead, ci=True)
+    with pytest.raises(pytest.skip.Exception, match="unreachable"):
+        registry_or_skip(dead, ci=False)
 
 
 @pytest.mark.network

@@ -14,6 +14,7 @@ packages below it:
     dapo.backends.local, dapo.backends.verl   the two backends (neither imports the other)
     dapo.plan            steps, time, memory and storage of a run
     dapo.reference       the upstream recipe run through the same chart
+    dapo.cluster         the programs of the small pods around a run: log follower, driver check, preflight
     dapo.k8s             the manifests (the chart's Python twin)
     dapo.bench           benchmarks
 
@@ -38,7 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "dapo"
 CORE = {"dapo.loss", "dapo.advantage", "dapo.reward", "dapo.sampler"}
 ORDER = ["core", "dapo.util", "dapo.config", "dapo.data", "dapo.tiny", "dapo.eval", "dapo.backends.base", "dapo.train",
-         "dapo.backends.local", "dapo.backends.verl", "dapo.plan", "dapo.reference", "dapo.k8s", "dapo.bench"]
+         "dapo.backends.local", "dapo.backends.verl", "dapo.plan", "dapo.reference", "dapo.cluster", "dapo.k8s",
+         "dapo.bench"]
 # backends at the same height that must not import each other
 SIBLINGS = [("dapo.backends.local", "dapo.backends.verl")]
 MAX_LINES = 400
@@ -236,6 +238,40 @@ def test_the_loop_sees_backends_only_through_their_interface():
     graph = _graph(lazy=True)
     assert {t for t in graph["dapo.train.loop"] if t.startswith("dapo.backends")} == {"dapo.backends.base"}
     assert graph["dapo.backends.base"] <= CORE
+
+
+def _third_party_imports(module: str) -> list[str]:
+    """``file:line imports name`` for each module-level import of ``module`` that is neither the standard library
+    nor the project."""
+    import sys
+
+    tree = ast.parse(MODULES[module].read_text())
+    lazy = {id(n) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(fn)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in lazy or not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "level", 0):
+            continue
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        for name in names:
+            top = name.split(".")[0]
+            if top not in sys.stdlib_module_names and top not in ("dapo", "__future__"):
+                out.append(f"{MODULES[module].relative_to(ROOT)}:{node.lineno} imports {name}")
+    return out
+
+
+def test_the_pods_around_the_run_need_only_the_standard_library():
+    # dapo.cluster runs in every image (the reproduction image has our package without extras): module-level
+    # imports are the standard library and the project's own stdlib-only modules; dapo.k8s only names its programs
+    cluster = sorted(m for m in MODULES if m.startswith("dapo.cluster"))
+    assert {"dapo.cluster.follow", "dapo.cluster.gpu_check", "dapo.cluster.rayjob_api"} <= set(cluster)
+    found = [line for m in cluster for line in _third_party_imports(m)]
+    assert not found, "\n".join(found)
+    graph = _graph(lazy=True)
+    project = {t for m in cluster for t in graph[m] if not t.startswith("dapo.cluster")}
+    assert project <= {"dapo.train.runlog"}, project
+    assert not any(t.startswith("dapo.cluster") for m in MODULES if m.startswith("dapo.k8s") for t in graph[m])
+    assert _third_party_imports("dapo.k8s.values"), "the reader must see a third-party import (yaml, jsonschema)"
 
 
 def _docstring(module: str) -> str:

@@ -3,6 +3,8 @@ plain forward, generation masks, mini-batch token-mean under micro-batching, ver
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -262,3 +264,25 @@ def test_pi_old_is_recomputed_after_an_update_and_for_truncated_or_validation_sa
         assert "gen_log_prob" not in be.generate(assets[2][:2], s).data, s
     off = _backend(assets, reuse_gen_log_probs=False)
     assert "gen_log_prob" not in off.generate(assets[2][:2], Sampling(n=2, max_tokens=6)).data
+
+
+def test_mfu_is_verls_flops_estimate_over_the_devices_peak_and_absent_without_a_known_peak(assets, monkeypatch):
+    from dapo.backends.local import update as update_mod
+    from dapo.util.flops import train_flops
+
+    be = _backend(assets, ["recipe.actor.optim.lr_warmup_steps=0"])
+    batch = be.generate(assets[2][:4], Sampling(n=3, max_tokens=8))
+    m = {**be.compute_old_log_probs(batch), **be.update(batch, np.linspace(-1, 1, len(batch)))}
+    assert not any(k.startswith("perf/mfu/") for k in m), "a CPU has no known peak: no MFU"
+    monkeypatch.setattr(update_mod, "peak_flops", lambda name: 1e9 if name == "cpu" else None)
+    ticks = iter(range(100, 200))  # the update module's clock advances 1 s per reading
+    monkeypatch.setattr(update_mod, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    d = batch.data
+    seqlens = (d["prompt_mask"].sum(1) + d["response_mask"].sum(1)).tolist()
+    stale = {k: v for k, v in d.items() if k not in ("gen_log_prob", "gen_entropy", "weights_tag")}
+    infer = be.compute_old_log_probs(batch.take(np.arange(len(batch)), stale))
+    # read at the start and at the end of the pass: 1 s
+    assert infer["perf/mfu/actor_infer"] == pytest.approx(train_flops(be.model.config, seqlens) / 3 / (1.0 * 1e9))
+    upd = be.update(batch, np.linspace(-1, 1, len(batch)))
+    # start, update_seconds, MFU: 2 s; ppo_epochs 1
+    assert upd["perf/mfu/actor"] == pytest.approx(train_flops(be.model.config, seqlens) / (2.0 * 1e9))

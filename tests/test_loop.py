@@ -13,6 +13,7 @@ from dapo.config import load_preset
 from dapo.train.health import EXIT_SAMPLER_EXHAUSTED
 from dapo.train.loop import DAPOLoop
 from dapo.train.stream import PromptStream
+from dapo.train.metric_names import wall_clock
 from dapo.train.metrics import METRICS, describe, read_jsonl
 from dapo.reward import compute_score
 from loop_support import ScriptedBackend, make_rows
@@ -132,7 +133,7 @@ def test_resume_continues_data_order_and_rng_exactly(tmp_path):
     last = lambda d: [r for r in read_jsonl(d / "metrics.jsonl") if r["step"] == 3][0]  # noqa: E731
     ra, rc = last(tmp_path / "a"), last(tmp_path / "b")
     for k in ra:
-        if not k.startswith("timing_s/") and k != "ts":
+        if not wall_clock(k) and k != "ts":
             assert ra[k] == rc[k], k
 
 
@@ -148,7 +149,7 @@ def test_a_kill_between_the_checkpoint_and_the_step_record_still_logs_every_step
     path.write_text("".join(json.dumps(r) + "\n" for r in recs if r["step"] != 2))  # killed before logging step 2
     c, _ = _loop(tmp_path / "b", ["recipe.trainer.save_freq=1"], backend=ScriptedBackend(seed=99))
     assert c.fit() == 0
-    clean = lambda r: {k: v for k, v in r.items() if not k.startswith("timing_s/") and k != "ts"}  # noqa: E731
+    clean = lambda r: {k: v for k, v in r.items() if not wall_clock(k) and k != "ts"}  # noqa: E731
     got = [clean(r) for r in read_jsonl(path) if "timing_s/step" in r]
     want = [clean(r) for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if "timing_s/step" in r]
     assert [r["step"] for r in got] == [1, 2, 3] and got == want  # step 2's record has its validation too
@@ -232,9 +233,9 @@ def test_results_are_the_same_whether_the_sampler_holds_copies_or_whole_batches(
         assert a["batch"].response_text == b["batch"].response_text
         np.testing.assert_array_equal(a["batch"].data["row"], b["batch"].data["row"])
         np.testing.assert_array_equal(a["advantages"], b["advantages"])
-    ra = [json.dumps({k: v for k, v in r.items() if not k.startswith("timing") and k != "ts"}, sort_keys=True)
+    ra = [json.dumps({k: v for k, v in r.items() if not wall_clock(k) and k != "ts"}, sort_keys=True)
           for r in read_jsonl(tmp_path / "copies" / "metrics.jsonl")]
-    rb = [json.dumps({k: v for k, v in r.items() if not k.startswith("timing") and k != "ts"}, sort_keys=True)
+    rb = [json.dumps({k: v for k, v in r.items() if not wall_clock(k) and k != "ts"}, sort_keys=True)
           for r in read_jsonl(tmp_path / "whole" / "metrics.jsonl")]
     assert ra == rb
 
@@ -262,7 +263,7 @@ def test_carried_groups_survive_a_resume_and_the_run_ends_as_an_uninterrupted_on
         assert got["batch"].response_text == want["batch"].response_text
     for step in (4, 5, 6):
         for k, v in recs["a"][step].items():
-            if not k.startswith("timing_s/") and k != "ts":
+            if not wall_clock(k) and k != "ts":
                 assert recs["b"][step][k] == v, (step, k)
 
 

@@ -20,6 +20,17 @@ def test_the_first_screen_holds_the_local_and_the_cluster_commands():
         assert needle in head, f"the README's first {FIRST_SCREEN} lines lack {needle!r}"
 
 
+def test_the_cluster_path_gets_the_images_first_and_points_the_chart_at_them():
+    head = "\n".join(README.splitlines()[:FIRST_SCREEN])
+    steps = ["make images REGISTRY=", "helm upgrade --install kuberay-operator", "create secret generic",
+             "helm install dapo charts/dapo", "kubectl logs -n dapo -f job/dapo-train-logs"]
+    at = [head.index(step) for step in steps]
+    assert at == sorted(at), "the cluster path: images, operator, Secret, helm install, kubectl logs -f"
+    install = head[at[3]:at[4]]
+    assert '--set image.repository="$REGISTRY/dapo"' in install
+    assert '--set eval.image.repository="$REGISTRY/dapo-eval"' in install
+
+
 def test_the_readme_links_every_doc_and_every_link_resolves():
     links = {m.group(1) for m in re.finditer(r"\]\(([^)#\s]+)", README) if "://" not in m.group(1)}
     missing = sorted(link for link in links if not (ROOT / link).exists())

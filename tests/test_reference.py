@@ -233,7 +233,7 @@ def test_placement_and_overrides_replace_generated_arguments_in_place_in_helm_an
     "extra, message",
     [
         ({"preset": "tiny"}, 'train.runner: preset "tiny" cannot run on the reference recipe: placement.backend:'),
-        ({"overrides": ["recipe.trainer.total_training_steps=5"], "storage": {"storageClassName": "shared-rwx"}},
+        ({"overrides": ["recipe.trainer.total_training_steps=5"], "storage": {"storageClassName": "rwx-class"}},
          'overrides: "recipe.trainer.total_training_steps=5" is a preset key'),
     ],
 )

@@ -85,6 +85,7 @@ def test_helm_and_render_py_agree_on_every_template_branch():
     helm = by_key(helm_objects(copy.deepcopy(EVERY_BRANCH), release="r1", namespace="team-a"))
     python = by_key(python_objects([], release="r1", namespace="team-a", extra=copy.deepcopy(EVERY_BRANCH)))
     assert sorted(helm) == sorted(python) == [("ConfigMap", "dapo-exp-preset"), ("Job", "dapo-exp-eval-logs"),
+                                              ("Job", "dapo-exp-preflight"),
                                               ("Job", "dapo-exp-train-logs"), ("NetworkPolicy", "dapo-exp-ray"),
                                               ("RayJob", "dapo-exp-eval"), ("RayJob", "dapo-exp-train")]
     for key in helm:
@@ -135,7 +136,7 @@ def test_render_check_flag_reports_a_stale_file(tmp_path, capsys, monkeypatch):
 
 def test_render_cli_preset_set_and_override(capsys):
     rc = render_script().main(["--preset", "smoke", "--namespace", "ml", "--set", "worker.shmSize=32Gi",
-                               "--override", "recipe.trainer.total_training_steps=3"])
+                               "--override", "recipe.trainer.total_training_steps=3", *CLUSTER])
     out = capsys.readouterr().out
     assert rc == 0
     job = by_key([o for o in yaml.safe_load_all(out) if o])[("RayJob", "dapo-smoke-train")]
@@ -145,11 +146,15 @@ def test_render_cli_preset_set_and_override(capsys):
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in worker["volumes"]
 
 
+# the stand-in cluster of k8s_support.STAND_IN, on render.py's command line
+CLUSTER = ["--set", "image.published=true", "--set", "storage.storageClassName=rwx-class"]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--preset", "full", "--set", "nodes=0"], "/nodes"),
-        (["--preset", "full", "--override", "recipe.actor.optim.lrr=1e-5"], "did you mean 'lr'"),
+        (["--preset", "full", "--override", "recipe.actor.optim.lrr=1e-5", *CLUSTER], "did you mean 'lr'"),
         (["--preset", "tiny", "--set", "gpusPerNode=1"], "gpusPerNode: preset"),
         (["--preset", "tiny", "--set", "head.rayStartParams.num-cpus=\"1\""], "head.rayStartParams.num-cpus:"),
         (["--preset", "nope"], "unknown preset"),

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import ROOT
 from dapo.train.checkpoint import complete_steps
+from dapo.train.metric_names import wall_clock
 from dapo.train.metrics import read_jsonl
 from loop_support import SMALL_TINY
 
@@ -46,7 +47,7 @@ def _env() -> dict[str, str]:
 def _final(run_dir: Path) -> dict:
     recs = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["step"] == STEPS]
     assert recs, f"no step-{STEPS} record in {run_dir}/metrics.jsonl"
-    return {k: v for k, v in recs[-1].items() if not k.startswith("timing_s/") and k != "ts"}
+    return {k: v for k, v in recs[-1].items() if not wall_clock(k) and k != "ts"}
 
 
 @pytest.mark.slow

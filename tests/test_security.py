@@ -22,7 +22,7 @@ from dapo.k8s.security import pod_security_profile
 from k8s_support import CHART_DIR, by_key, helm_notes, helm_objects, python_objects, render_script, set_files, \
     user_values
 
-RWX = {"storage": {"storageClassName": "shared-rwx"}}
+RWX = {"storage": {"storageClassName": "rwx-class"}}
 PRESETS = sorted(p.stem for p in (CHART_DIR / "presets").glob("*.yaml") if not p.stem.startswith("_"))
 CI_FILES = sorted((CHART_DIR / "ci").glob("*.yaml"))
 

@@ -14,7 +14,7 @@ from dapo.plan.cli import requirements_text
 from dapo.config import load_preset
 from dapo.k8s import ValuesError
 from dapo.k8s.presets import runnable_presets
-from k8s_support import CHART_DIR, VALUES_DIR, chart, helm, render_script, set_files, user_values
+from k8s_support import CHART_DIR, VALUES_DIR, chart, helm, python_objects, render_script, set_files, user_values
 
 REQUIREMENTS = CHART_DIR / "files" / "requirements.yaml"
 
@@ -46,21 +46,21 @@ def test_helm_and_render_py_refuse_a_volume_one_gib_short_with_the_same_message(
     with pytest.raises(helm().HelmRenderError) as from_helm:
         chart().render(values, name=release, namespace="ml")
     with pytest.raises(ValuesError) as from_python:
-        render_script().render_objects(CHART_DIR, files, release=release, extra={"storage": {"size": short}})
+        python_objects(files, release=release, extra={"storage": {"size": short}})
     message = str(from_python.value)
     assert message.startswith(f"storage.size: {short} is smaller than what preset {name} needs: ")
     assert "max_ckpt_to_keep" in message and f"dapo plan --preset {name}" in message
     assert message in str(from_helm.value)
     # exactly the requirement is enough for both
     chart().render(user_values(files, {"storage": {"size": exact}}), name=release, namespace="ml")
-    render_script().render_objects(CHART_DIR, files, release=release, extra={"storage": {"size": exact}})
+    python_objects(files, release=release, extra={"storage": {"size": exact}})
 
 
 def test_an_existing_claim_is_not_sized_by_the_chart():
     files, release = set_files("full")
     extra = {"storage": {"size": "1Gi", "existingClaim": "team-volume"}}
     chart().render(user_values(files, extra), name=release, namespace="ml")
-    render_script().render_objects(CHART_DIR, files, release=release, extra=extra)
+    python_objects(files, release=release, extra=extra)
 
 
 @pytest.mark.parametrize("name", ["full", "early"])

@@ -178,6 +178,9 @@ class CpuStandInWorkers:
         self.calls.append(("sleep",))
         self.awake = False
 
+    def profiler_hooks(self) -> dict[str, float]:
+        return {}  # verl's RayPPOTrainer profiler hooks: none in the stand-in
+
     def save_checkpoint(self, directory: str, step: int) -> None:
         assert not self.awake, "checkpoint with the replicas awake"
         Path(directory).mkdir(parents=True, exist_ok=True)

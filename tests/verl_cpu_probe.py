@@ -9,8 +9,8 @@ saw to ``RECORD_DIR/events-<attempt>.jsonl`` (attempt = 1, 2, ... per invocation
   verl starts them with (``load_format: dummy``): the recorder generates from a few training prompts right then and
   has the actor score the sampled tokens (the backend's own ``generate`` / ``compute_old_log_probs``), so the test
   sees how far apart the two are *before* any sync.
-- ``RayWorkers.compute_log_prob``: the batch sent to the actor (token ids, masks, vLLM's ``rollout_log_probs``) and
-  the actor's ``old_log_probs``, saved as ``logprob-<attempt>-<n>.pt``.
+- ``RayWorkers.compute_log_prob``: the batch sent to the actor (token ids, masks, vLLM's ``rollout_log_probs``, the
+  placed rewards ``token_level_scores``) and the actor's ``old_log_probs``, saved as ``logprob-<attempt>-<n>.pt``.
 - ``RayWorkers.load_checkpoint``: right after verl loaded a checkpoint (a resume), the actor's state is saved again by
   the workers into ``reloaded-<attempt>/``, so the test can compare it with the checkpoint it was loaded from.
 - ``DynamicSampler.add``: the group ids and filter-metric values of every training generation batch, i.e. the input
@@ -99,7 +99,8 @@ def main(argv: list[str]) -> int:
         out = clp(self, batch)
         seen["log_prob_calls"] += 1
         name = f"logprob-{attempt}-{seen['log_prob_calls']}.pt"
-        keep = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "rollout_log_probs")
+        keep = ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask",
+                "rollout_log_probs", "token_level_scores")
         torch.save({**{k: batch.batch[k].clone() for k in keep if k in batch.batch.keys()},
                     "old_log_probs": out.batch["old_log_probs"].clone(),
                     "uid": [str(u) for u in batch.non_tensor_batch["uid"]]}, record / name)

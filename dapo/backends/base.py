@@ -132,5 +132,15 @@ class Backend(abc.ABC):
     def load_checkpoint(self, directory: str) -> None:
         """Restore what :meth:`save_checkpoint` wrote."""
 
+    #: devices one rollout step runs on (``perf/throughput`` is tokens per second per GPU, as verl's)
+    n_gpus: int = 1
+
+    def fit_metrics(self, batch: Rollout, advantages: np.ndarray, timing: dict[str, float]) -> dict[str, float]:
+        """Metrics of the finished step computed by the backend itself, under verl's ``fit()`` names; they replace the
+        loop's own values of the same names (:mod:`dapo.train.step_metrics`). ``timing`` holds the step's phase
+        seconds and ``step``. Nothing by default; the verl backend returns what verl's own metric functions give on
+        its ``DataProto`` (:mod:`dapo.backends.verl.fit_metrics`)."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (Ray actors, GPU memory)."""

@@ -124,7 +124,8 @@ def _band(ax, runs: list[dict], key: str, label: str) -> None:
     ax.fill_between(steps, m - sd, m + sd, color=line.get_color(), alpha=0.2)
 
 
-LABELS = {"actor/entropy": "policy entropy (actor/entropy)", "response_length/mean": "mean response length (tokens)",
+LABELS = {"actor/entropy": "policy entropy (actor/entropy)",
+          "rollout/entropy": "sampling entropy (rollout/entropy)", "response_length/mean": "mean response length (tokens)",
           "response_length/clip_ratio": "share of responses cut by the cap", "val": "validation accuracy",
           "val_per_sample": "validation accuracy"}  # fmt: skip
 

@@ -16,7 +16,8 @@ the steps-to-target ratio), ``mechanisms.json`` and one figure per mechanism (me
 are cached (``<rung>/seed<k>/bench_result.json``) so the command resumes. The outcome of each mechanism, the targets
 and the seeds are fixed in this module, before any run.
 
-Imports :mod:`dapo.bench.runs`, :mod:`dapo.bench.mech_report`; torch and the backends lazily.
+Imports :mod:`dapo.bench.runs`; :mod:`dapo.bench.mech_report`, :mod:`dapo.bench.precondition` (torch, the local
+backend) lazily.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ MECHANISMS: dict[str, dict] = {
     "token-level loss": {
         "without": "DAPO - token-level loss", "figure": "Fig. 4",
         "paper": "without it, entropy and response length grow unhealthily",
-        "outcome": ("response_length/mean", -1), "curves": ["actor/entropy", "response_length/mean"],
+        # actor/entropy is aggregated with the rung's own loss_agg_mode (as verl does); rollout/entropy is the same
+        # per-response mean for both rungs
+        "outcome": ("response_length/mean", -1),
+        "curves": ["actor/entropy", "rollout/entropy", "response_length/mean"],
     },
     "overlong shaping": {
         "without": "DAPO - overlong shaping", "figure": "Fig. 5",

@@ -9,7 +9,8 @@ the same trainer (``RayWorkers.from_trainer``) for ``--steps`` steps. Same recip
 (``train_batch_size`` prompts x ``n``), dynamic sampling off (the legacy trainer has none: the generation batch is the
 training batch), no validation, no checkpoints. A step's time is each trainer's own ``timing_s/step`` (verl's file
 logger; the loop's ``metrics.jsonl``); the first step of every round is dropped (warm-up). Prints the medians and the
-ratio (loop / fit) and writes them to ``--out``.
+ratio (loop / fit) and writes them to ``--out`` with the metric keys each trainer logged (counts, and fit()'s keys the
+loop lacks); ``--keys-out`` writes fit()'s keys as the fixture the verl-on-CPU test checks the loop's against.
 
 Each trainer runs as it does in production: fit() with verl's agent loop streaming every response through verl's
 reward workers while it generates; the loop with that streaming switched off in the agent-loop workers (as
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of fit() and the loop")
     p.add_argument("--run-dir", default="runs/bench-verl-fit", help="where both trainers write")
     p.add_argument("--out", default=None, help="JSON result file (default <run dir>/verl-fit.json)")
+    p.add_argument("--keys-out", default=None, help="also write the metric keys fit() logged to this JSON file (the "
+                   "fixture tests/fixtures/verl_fit_keys.json the verl-on-CPU test compares the loop's keys with)")
     p.add_argument("--record-calls", default=None, metavar="FILE",
                    help="first run one fit() round with --record-cadence and write the order of its verl calls to "
                         "FILE (dapo.bench.verl_calls; the CPU e2e's fixture: tests/fixtures/verl_fit_calls.json)")
@@ -93,6 +96,25 @@ def _agent_loop_scoring(trainer: Any, handles: Any) -> None:
         worker.reward_loop_worker_handles = h
 
     ray.get([w.__ray_call__.remote(put, handles) for w in trainer.async_rollout_manager.agent_loop_workers])
+
+
+def fit_keys(records: list[dict]) -> list[str]:
+    """The metric keys of fit()'s step records (verl's file logger: one ``data`` dict per step), sorted."""
+    return sorted(set().union(*(set(r) for r in records)) - {"step", "ts"})
+
+
+def key_report(fit_records: list[dict], loop_records: list[dict], keys_out: Optional[str]) -> dict[str, Any]:
+    """How many metric keys each trainer logged and which of fit()'s the loop lacked; with ``keys_out``, fit()'s
+    keys written there as the fixture (verl's version and the command that regenerates it)."""
+    import verl
+
+    fit, loop = fit_keys(fit_records), fit_keys(loop_records)
+    if keys_out:
+        Path(keys_out).write_text(json.dumps({
+            "verl": verl.__version__, "fit_keys": fit,
+            "command": "dapo bench verl-fit --steps 2 --rounds 1 --keys-out tests/fixtures/verl_fit_keys.json",
+        }, indent=1) + "\n")  # fmt: skip
+    return {"fit_keys": len(fit), "loop_keys": len(loop), "fit_keys_missing_from_loop": sorted(set(fit) - set(loop))}
 
 
 def _record_fit_calls(trainer: Any, cfg: Any, cadence: str, out: Path) -> None:
@@ -170,6 +192,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     streaming = trainer.reward_loop_manager.reward_loop_workers
     backend = VerlBackend(cfg, preset, RayWorkers.from_trainer(trainer), trainer.tokenizer)
     fit_s: list[float] = []
+    fit_records: list[dict] = []
+    loop_records: list[dict] = []
     loop_s: list[float] = []
     if args.record_calls:
         _agent_loop_scoring(trainer, streaming)
@@ -183,12 +207,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fit_wall = time.time() - t0
         records = [rec["data"] for rec in read_jsonl(fit_log)]  # verl's file logger starts the file anew per fit()
         fit_s += _step_seconds(records)[1:]
+        fit_records += records
         loop_dir = run_dir / f"loop-round-{r}"
         _agent_loop_scoring(trainer, None)
         t0 = time.time()
         DAPOLoop(preset, backend, rows, [], loop_dir, progress=False).fit()
         loop_wall = time.time() - t0
-        loop_s += _step_seconds([m for m in read_jsonl(loop_dir / "metrics.jsonl") if m.get("step", 0) >= 1])[1:]
+        recs = [m for m in read_jsonl(loop_dir / "metrics.jsonl") if m.get("step", 0) >= 1]
+        loop_s += _step_seconds(recs)[1:]
+        loop_records += recs
         print(f"round {r + 1}/{args.rounds}: fit() {fit_wall:.1f}s, loop {loop_wall:.1f}s for {steps} steps each",
               flush=True)
     result = {
@@ -199,6 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": f"{os.cpu_count()} CPUs ({os.uname().machine})",
     }  # fmt: skip
     result["ratio_loop_over_fit"] = result["dapo_loop_median_s"] / result["verl_fit_median_s"]
+    result.update(key_report(fit_records, loop_records, args.keys_out))
     out = Path(args.out) if args.out else run_dir / "verl-fit.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"seconds per rollout step (median of {len(fit_s)} / {len(loop_s)}): verl fit() "

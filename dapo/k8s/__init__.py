@@ -4,12 +4,14 @@ chart ``charts/dapo``. ``scripts/render.py`` is the command line; tests check bo
 - :mod:`dapo.k8s.versions`: the pinned image / Ray / KubeRay versions.
 - :mod:`dapo.k8s.presets`: the preset files the chart mounts, and what the chart reads from them.
 - :mod:`dapo.k8s.values`: Helm-style value merging, the values schema, the chart's cross-field rules.
+- :mod:`dapo.k8s.install_rules`: what the cluster must already have: published images, a real StorageClass.
 - :mod:`dapo.k8s.context`: what every object knows: the checked values, names, labels, metadata.
 - :mod:`dapo.k8s.pods`: the Ray head and worker pod templates (containers, volumes, init containers).
 - :mod:`dapo.k8s.rayjobs`: the training and evaluation RayJobs.
 - :mod:`dapo.k8s.followers`: a log follower Job per RayJob (``kubectl logs -f job/<release>-train-logs``), its RBAC.
 - :mod:`dapo.k8s.upgrade`: the RayJob spec hash and the upgrade guard built on it.
 - :mod:`dapo.k8s.helm_tests`: the `helm test` hook pods.
+- :mod:`dapo.k8s.preflight`: the preflight Job, a pre-install hook that checks image, driver and storage first.
 - :mod:`dapo.k8s.manifests`: every object (ConfigMap, followers, PDB, PVC, the RayJobs): :class:`Chart`, :func:`build`.
 - :mod:`dapo.k8s.rules`: KubeRay controller rules that the CRD schemas do not encode.
 - :mod:`dapo.k8s.security`: Ray token auth (``authOptions``), the NetworkPolicy, the restricted securityContexts,

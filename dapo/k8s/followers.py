@@ -1,5 +1,5 @@
 """The log followers (``logs.enabled``): one Kubernetes Job per RayJob, ``K-train-logs`` and ``K-eval-logs``, that
-print every attempt's driver log as one stream (``python -m dapo.train.follow``), so that ``kubectl logs -f
+print every attempt's driver log as one stream (``python -m dapo.cluster.follow``), so that ``kubectl logs -f
 job/K-train-logs`` follows a run from ``helm install`` to its end -- the chart's ``logs-follower.yaml``.
 
 The pod, outside the Ray cluster, mounts the shared claim read-only, in the image of the RayJob it follows (cached
@@ -14,8 +14,10 @@ where that RayJob's head ran; ``logs.image`` overrides it), non-root with a read
   log, is kept). Evictions are ignored (a new pod prints the run from its beginning); other failures of the pod
   count against ``logs.backoffLimit``.
 
-The run's end is read from the RayJob's status with the least RBAC that allows it (``logs.rbac.create``):
-ServiceAccount ``K-logs``, a Role allowing ``get`` on ``rayjobs`` of exactly the followed names, a RoleBinding. A
+The run's end is read from the RayJob's status, and its waits are explained from the release's pods and the
+namespace's events (:mod:`dapo.cluster.waits`), with the least RBAC that allows it (``logs.rbac.create``):
+ServiceAccount ``K-logs``, a Role allowing ``get`` on ``rayjobs`` of exactly the followed names and ``get``/``list``/
+``watch`` on ``pods`` and ``events`` of the namespace (read-only), a RoleBinding. A
 RoleBinding names its ServiceAccount's namespace, so without a namespace (``scripts/render.py`` without
 ``--namespace``) the three are left out and the follower judges the end from the attempt logs alone.
 
@@ -102,7 +104,8 @@ class LogFollowers(RayJobs):
         return [
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(),
-             "rules": [{"apiGroups": ["ray.io"], "resources": ["rayjobs"], "resourceNames": names, "verbs": ["get"]}]},
+             "rules": [{"apiGroups": ["ray.io"], "resources": ["rayjobs"], "resourceNames": names, "verbs": ["get"]},
+                       {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list", "watch"]}]},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(),
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": self.logs_name},
              "subjects": [{"kind": "ServiceAccount", "name": self.logs_name, "namespace": self.namespace}]},
@@ -112,7 +115,7 @@ class LogFollowers(RayJobs):
         job = self.v[kind]
         return ["--log-dir", self.log_dir(kind), "--rayjob", self.train_job_name if kind == "train" else
                 self.eval_job_name, "--backoff-limit", str(int(job["backoffLimit"])), "--state-dir", STATE_DIR,
-                "--sidecar"]
+                "--sidecar", "--release", self.release, "--kind", kind, "--claim", self.claim_name]
 
     def follower_job(self, kind: str) -> dict[str, Any]:
         v, lg = self.v, self.v["logs"]
@@ -123,7 +126,7 @@ class LogFollowers(RayJobs):
             common["securityContext"] = copy.deepcopy(lg["securityContext"])
         follow = {
             "name": "follow", "image": image, "imagePullPolicy": pull, "restartPolicy": "Always",
-            "command": ["python", "-m", "dapo.train.follow"], "args": self.follower_args(kind),
+            "command": ["python", "-m", "dapo.cluster.follow"], "args": self.follower_args(kind),
             "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                     {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
             **copy.deepcopy(common),

@@ -61,7 +61,7 @@ class HelmTestPods(ChartContext):
             res = {"cpu": "1", "memory": "8Gi", "nvidia.com/gpu": str(gpus)}
             spec["containers"] = [{
                 "name": "gpu", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
-                "command": ["python", "-m", "dapo.train.gpu_check", "--min-driver", str(int(w.get("minDriver") or 0)),
+                "command": ["python", "-m", "dapo.cluster.gpu_check", "--min-driver", str(int(w.get("minDriver") or 0)),
                             "--gpus", str(gpus), "--torch"],
                 "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
                 "resources": {"requests": dict(res), "limits": dict(res)},

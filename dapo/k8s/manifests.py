@@ -5,6 +5,8 @@ preset and compares them (Helm-only labels aside). Nothing here talks to a clust
 
 Objects (K = fullname), and the module that builds each:
 
+- Job ``K-preflight`` (``preflight.enabled``, a pre-install hook, :mod:`dapo.k8s.preflight`): the image pulls onto a
+  GPU-pool node, the driver, the storage class -- before any RayJob holds a GPU.
 - ConfigMap ``K-preset``: the preset file and the files it ``extends:``, verbatim (here).
 - PersistentVolumeClaim ``K-shared`` (unless ``storage.existingClaim``): ReadWriteMany, kept on uninstall (here).
 - RayJob ``K-train`` (:mod:`dapo.k8s.rayjobs`): ``python -m dapo.train --preset <presetDir>/<preset>.yaml
@@ -41,6 +43,7 @@ from typing import Any
 
 from dapo.k8s.followers import LogFollowers
 from dapo.k8s.helm_tests import HelmTestPods
+from dapo.k8s.preflight import PreflightJob
 from dapo.k8s.presets import preset_files
 from dapo.k8s.security import NetworkPolicies
 
@@ -48,7 +51,7 @@ from dapo.k8s.security import NetworkPolicies
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 
 
-class Chart(LogFollowers, HelmTestPods, NetworkPolicies):
+class Chart(LogFollowers, HelmTestPods, NetworkPolicies, PreflightJob):
     """Every object of the chart: the ConfigMap, PDB and PVC here, the RayJobs (:class:`dapo.k8s.rayjobs.RayJobs`),
     their log followers (:class:`dapo.k8s.followers.LogFollowers`), the helm test pods
     (:class:`dapo.k8s.helm_tests.HelmTestPods`)."""
@@ -56,9 +59,9 @@ class Chart(LogFollowers, HelmTestPods, NetworkPolicies):
     # -- objects -------------------------------------------------------------------------------------------------
 
     def objects(self) -> list[dict[str, Any]]:
-        """Every object but the helm test pods, in template order (ConfigMap, log followers, NetworkPolicy, PDB, PVC,
-        RayJobs)."""
-        out = []
+        """Every object but the helm test pods: the preflight (a pre-install hook, which Helm creates first), then
+        in template order ConfigMap, log followers, NetworkPolicy, PDB, PVC, RayJobs."""
+        out = self.preflight_objects()
         if self.v["train"]["enabled"]:
             out.append(self.preset_configmap())
         out += self.follower_objects()

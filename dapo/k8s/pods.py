@@ -20,6 +20,10 @@ DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kub
 SMALL = {"cpu": "100m", "memory": "64Mi"}
 
 
+# the head's init containers: a failed run's last log lines become its termination message, which the log follower
+# prints while the run waits (dapo.cluster.waits) without reading pod logs
+TERMINATION_MESSAGE = "FallbackToLogsOnError"
+
 class PodTemplates(ChartContext):
     """The pod templates of the head and worker groups, and the pieces they share."""
 
@@ -73,7 +77,7 @@ class PodTemplates(ChartContext):
         lifecycle: dict[str, Any] = {}
         min_driver = int(self.v["worker"].get("minDriver") or 0)
         if gpu_check and min_driver > 0:
-            lifecycle["postStart"] = {"exec": {"command": ["python", "-m", "dapo.train.gpu_check", "--min-driver",
+            lifecycle["postStart"] = {"exec": {"command": ["python", "-m", "dapo.cluster.gpu_check", "--min-driver",
                                                            str(min_driver)]}}
         lifecycle["preStop"] = {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}
         out: dict[str, Any] = {"lifecycle": lifecycle}
@@ -127,6 +131,7 @@ class PodTemplates(ChartContext):
             if repo and v["dataPrep"].get("fetchModel"):
                 out.append({
                     "name": "model-fetch", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
+                    "terminationMessagePolicy": TERMINATION_MESSAGE,
                     "command": ["hf", "download", repo], "env": self.hub_env(),
                     "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
                     "resources": copy.deepcopy(v["dataPrep"]["resources"]),
@@ -144,6 +149,7 @@ class PodTemplates(ChartContext):
                   f'chmod 2775 "$d"; done; ls -ld {dirs}')
         return {
             "name": "fix-ownership", "image": image, "imagePullPolicy": v["image"]["pullPolicy"],
+            "terminationMessagePolicy": TERMINATION_MESSAGE,
             "command": ["/bin/sh", "-c", script],
             "securityContext": copy.deepcopy(FIX_OWNERSHIP_CONTAINER),
             "resources": {"requests": dict(SMALL), "limits": dict(SMALL)},
@@ -161,6 +167,7 @@ class PodTemplates(ChartContext):
             "name": "data-prepare",
             "image": image,
             "imagePullPolicy": v["image"]["pullPolicy"],
+            "terminationMessagePolicy": TERMINATION_MESSAGE,
             "command": cmd,
             "env": [
                 {"name": "HF_HOME", "value": v["storage"]["hfHome"]},

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from dapo.k8s.presets import ValuesError, effective_preset, merged_preset, model_repo, preset_chain
+from dapo.k8s.install_rules import check_install
 from dapo.k8s.rules import check_deletion_rules
 from dapo.util.gofmt import go_string, q
 from dapo.k8s.versions import IMAGE_REPOSITORY, MAX_RAYJOB_NAME
@@ -154,7 +155,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
 
     By concern, in the chart's order: the job names, the placement, the jobs' lifecycle and queue, the Ray pods'
     resources, environment and labels, the head's QoS class, host network and storage, evaluation, the storage
-    class."""
+    class; last, what the cluster must already have (:func:`dapo.k8s.install_rules.check_install`)."""
     _check_job_names(values, train_job_name, eval_job_name)
     preset, pl = _check_placement(values)
     _check_jobs(values)
@@ -165,6 +166,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     _check_eval(values, preset, pl)
     _check_storage_class(values, pl)
     _check_fabric(values, pl)
+    check_install(values)
 
 
 def _check_job_names(v: dict[str, Any], train_job_name: str, eval_job_name: str) -> None:

@@ -37,9 +37,10 @@ REQUIREMENTS_HEADER = (
 
 
 def requirements() -> dict[str, Any]:
-    """Per runnable preset: storage bytes and summary, loop peak memory (what the chart's data file holds)."""
+    """Per runnable preset: storage bytes and summary, loop peak memory, the checkpoint write throughput the volume
+    needs (what the chart's data file holds)."""
     from dapo.k8s.presets import runnable_presets
-    from dapo.plan.memory import loop_memory, storage
+    from dapo.plan.memory import checkpoint_write, loop_memory, storage
 
     out: dict[str, Any] = {}
     for name in runnable_presets():
@@ -49,7 +50,8 @@ def requirements() -> dict[str, Any]:
         rows = KNOWN_DATASET_ROWS.get(files[0].rsplit("/", 1)[-1]) if files else None
         out[name] = {"storageBytes": int(s["bytes"]) if s["bytes"] is not None else None,
                      "storage": s["summary"],
-                     "loopMemoryBytes": int(loop_memory(preset, rows)["peak"])}
+                     "loopMemoryBytes": int(loop_memory(preset, rows)["peak"]),
+                     **checkpoint_write(preset, s["per_checkpoint"])}
         plan = _run_figures(preset)
         if plan:
             out[name]["plan"] = plan

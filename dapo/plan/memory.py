@@ -214,3 +214,28 @@ def storage_message(preset_name: str, size: str, summary: str) -> str:
     """The refusal of a too-small volume -- the chart prints the same text (charts/dapo/templates/_validate.tpl)."""
     return (f"storage.size: {size} is smaller than what preset {preset_name} needs: {summary} (dapo plan --preset "
             f"{preset_name}); raise storage.size or lower recipe.trainer.max_ckpt_to_keep")
+
+
+# The checkpoint write may take at most this share of the run's wall time (the preflight's storage check).
+CHECKPOINT_WALL_SHARE = 0.10
+
+
+def checkpoint_write(preset, checkpoint_bytes: float) -> dict[str, Any]:
+    """The write throughput the shared volume needs: a checkpoint of ``checkpoint_bytes`` every ``save_freq`` steps
+    of the plan's step time (generation, training, validation) takes at most CHECKPOINT_WALL_SHARE of the wall time,
+    w <= share * (between + w), i.e. bytes / rate <= share / (1 - share) * between. Empty for a preset without a
+    step-time model (the local backend) or without checkpoints."""
+    save_freq = preset.recipe.trainer.save_freq
+    if save_freq <= 0:
+        return {}
+    try:
+        from dapo.plan.estimate import make_plan
+        from dapo.plan.models import PlanError
+
+        t = make_plan(preset).time_s
+    except PlanError:
+        return {}
+    between = save_freq * (t["step"] + t["validation_per_step"])
+    rate = checkpoint_bytes / (CHECKPOINT_WALL_SHARE / (1 - CHECKPOINT_WALL_SHARE) * between)
+    return {"checkpointBytes": int(checkpoint_bytes), "secondsBetweenSaves": int(round(between)),
+            "minWriteBytesPerSecond": int(round(rate))}

@@ -2,7 +2,8 @@
 ``config.json`` or the built-in ``ARCHS`` table; :func:`resolve_arch`) and :class:`GPU` (``GPUS``, datasheet peaks),
 and :class:`PlanError`, raised by every plan module when a plan cannot be made.
 
-The bottom of :mod:`dapo.plan`: imports nothing of the project.
+The bottom of :mod:`dapo.plan`: imports only :mod:`dapo.util.flops` (``GPU``, ``GPUS``; the same table gives the
+local backend's MFU its peak).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from dapo.util.flops import GPU, GPUS  # noqa: F401  (re-exported: the plan's accelerators)
 
 
 class PlanError(ValueError):
@@ -139,29 +142,4 @@ def resolve_arch(model_path: str, model_config: Optional[str] = None) -> Arch:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GPU:
-    name: str
-    bf16_tflops: float  # dense BF16 tensor-core peak
-    hbm_tbps: float  # HBM bandwidth, TB/s
-    memory_gib: float  # usable device memory
-
-    @property
-    def flops(self) -> float:
-        return self.bf16_tflops * 1e12
-
-    @property
-    def bandwidth(self) -> float:
-        return self.hbm_tbps * 1e12
-
-
-# NVIDIA datasheet peaks (dense BF16, no sparsity). A800/H800 are the export variants of A100/H100: same compute and
-# HBM, reduced NVLink (not modelled).
-GPUS: dict[str, GPU] = {
-    "h100": GPU("H100 SXM 80GB", 989.0, 3.35, 79.6),
-    "h800": GPU("H800 SXM 80GB", 989.0, 3.35, 79.6),
-    "h200": GPU("H200 SXM 141GB", 989.0, 4.8, 140.4),
-    "a100": GPU("A100 SXM 80GB", 312.0, 2.0, 80.0),
-    "a800": GPU("A800 SXM 80GB", 312.0, 2.0, 80.0),
-    "h20": GPU("H20 96GB", 148.0, 4.0, 95.6),
-}
+# the accelerators (dense BF16 datasheet peaks, HBM, memory): dapo.util.flops, shared with the local backend's MFU

@@ -2,15 +2,16 @@
 
 - the loop over either backend (:mod:`dapo.train.loop`), its validation passes (:mod:`~dapo.train.validation`),
   resumable state (:mod:`~dapo.train.resume`) and prompt stream (:mod:`~dapo.train.stream`);
-- checkpoints and their retention (:mod:`~dapo.train.checkpoint`), health guards (:mod:`~dapo.train.health`),
-  metrics (:mod:`~dapo.train.metrics`), generation dumps (:mod:`~dapo.train.generations`), per-attempt driver logs
-  (:mod:`~dapo.train.runlog`) and their follower, ``python -m dapo.train.follow`` (:mod:`~dapo.train.follow`: every
-  attempt as one stream until the run ends, which it reads from the RayJob's status, :mod:`~dapo.train.rayjob_api`);
+- checkpoints and their retention (:mod:`~dapo.train.checkpoint`), health guards (:mod:`~dapo.train.health`), metrics
+  -- their names and meanings (:mod:`~dapo.train.metric_names`), a step's values (:mod:`~dapo.train.step_metrics`),
+  the sinks (:mod:`~dapo.train.metrics`) and the saved wandb dashboard (:mod:`~dapo.train.dashboard`, ``dapo wandb
+  dashboard``: :mod:`~dapo.train.dashboard_cli`) --, generation dumps (:mod:`~dapo.train.generations`) and
+  per-attempt driver logs (:mod:`~dapo.train.runlog`; their follower lives with the other programs of the pods
+  around the run, in :mod:`dapo.cluster`);
 - the reports drawn from them (:mod:`~dapo.train.report`), with verl's console metrics for the reference runner
   (:mod:`~dapo.train.verl_log`);
 - ``python -m dapo.train`` (= ``dapo train``), the entrypoint of every training run, the chart's RayJob included
-  (:mod:`dapo.train.cli`), and ``python -m dapo.train.gpu_check``, the GPU pods' driver check
-  (:mod:`~dapo.train.gpu_check`);
+  (:mod:`dapo.train.cli`);
 - the fabric check before training (:mod:`~dapo.train.fabric`: the all-reduce bus bandwidth, the network NCCL chose
   read from its log, the verdict against the declared fabric; ``dapo train --fabric-check``).
 

@@ -14,10 +14,11 @@ and :mod:`dapo.backends.verl.backend` (verl worker groups on Ray) run this same 
     log pi_old recomputed for the batch                           backend.compute_old_log_probs
     ppo_epochs x mini-batches of the DAPO loss (eq. 10, 12)       backend.update (dapo.loss.policy_loss)
 
-then its metrics (step_metrics, :mod:`dapo.train.metrics`), validation every ``test_freq`` steps (avg@k over the
-validation split with ``rollout.val`` sampling; also before training with ``val_before_train``), a checkpoint every
-``save_freq`` steps (:mod:`dapo.train.checkpoint`, atomic), the health guards (:mod:`dapo.train.health`), and at the
-end a summary (validation accuracy before -> after RL) and the health plot (:mod:`dapo.train.report`).
+then its metrics (:mod:`dapo.train.step_metrics`, plus the backend's ``fit_metrics``; names in
+:mod:`dapo.train.metric_names`), validation every ``test_freq`` steps (avg@k over the validation split with
+``rollout.val`` sampling; also before training with ``val_before_train``), a checkpoint every ``save_freq`` steps
+(:mod:`dapo.train.checkpoint`, atomic), the health guards (:mod:`dapo.train.health`), and at the end a summary
+(validation accuracy before -> after RL) and the health plot (:mod:`dapo.train.report`).
 ``total_training_steps`` (or epochs x generation batches per epoch) bounds the run; ``resume_mode: auto`` continues
 from the newest complete checkpoint with the same data order, sampler state and RNG states, so an interrupted run
 ends exactly where an uninterrupted one would (on CPU; see docs/tiny.md). Here: the step and the run; the prompt
@@ -47,8 +48,8 @@ from dapo.advantage import group_advantages
 from dapo.backends.base import Backend, Rollout, Sampling
 from dapo.train.generations import dump_generations, prompt_text
 from dapo.train.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED, HealthGuard
-from dapo.train.metrics import (MetricsLogger, batch_metrics, format_step_line, generation_metrics, timing_metrics,
-                                val_accuracy)
+from dapo.train.metrics import MetricsLogger, format_step_line, val_accuracy
+from dapo.train.step_metrics import batch_metrics, generation_metrics, timing_metrics
 from dapo.train.resume import Resumable
 from dapo.train.stream import PromptStream
 from dapo.train.validation import Validation, cpu_seconds
@@ -217,7 +218,11 @@ class DAPOLoop(Validation, Resumable):
             metrics.update(self.backend.update(batch, adv, loss_mask))
         self._dump(self.recipe.trainer.rollout_data_dir, batch, scores, step)
         metrics.update(self.step_metrics(step, batch, scores, adv, loss_mask, generated, sampler_stats))
-        metrics.update(timing_metrics(timing, time.perf_counter() - t_step))
+        step_s = time.perf_counter() - t_step
+        prompts = batch.stats.get("prompt_length")  # token counts of the training batch: per-token timing, throughput
+        metrics.update(timing_metrics(timing, step_s, None if prompts is None else float(np.sum(prompts)),
+                                      float(np.sum(batch.response_length)), self.backend.n_gpus))
+        metrics.update(self.backend.fit_metrics(batch, adv, {**timing, "step": step_s}))  # verl's own functions
         return metrics
 
     def generate(self) -> Rollout:
@@ -280,8 +285,9 @@ class DAPOLoop(Validation, Resumable):
         """The step's metrics (verl's names, :data:`dapo.train.metrics.METRICS`): the training batch, dynamic
         sampling over every generated response, the counters."""
         fg = self.recipe.filter_groups
-        metrics = batch_metrics(scores["reward"], adv, batch.response_length, self.recipe.data.max_response_length,
-                                batch.stats.get("prompt_length"))
+        d = self.recipe.data
+        metrics = batch_metrics(scores["reward"], adv, batch.response_length, d.max_response_length,
+                                batch.stats.get("prompt_length"), d.max_prompt_length)
         all_gen = {k: np.concatenate(v) for k, v in generated.items()}
         # 0 when carried-in groups alone filled the step (filter_groups.mode: carry): no generation statistics then
         n_generated = int(all_gen["score"].size) if "score" in all_gen else 0

@@ -14,7 +14,7 @@ pod; both disappear with the head when KubeRay retries. :class:`AttemptLog` keep
   interleaved chunk by chunk as the two threads copy them (like any ``2>&1``, not byte-exact).
 
 :func:`run_logged` runs a command-line function under an attempt log (``dapo train``, ``dapo eval run``);
-:mod:`dapo.train.follow` prints the logs of every attempt as one stream (the chart's log follower Job).
+:mod:`dapo.cluster.follow` prints the logs of every attempt as one stream (the chart's log follower Job).
 
 A process killed with SIGKILL loses at most what was still in the pipe (the threads write each chunk through at
 once). A progress bar is drawn only on an interactive console (:func:`console`), never into the file.

@@ -352,7 +352,7 @@ lifecycle:
   {{- if and .gpuCheck (gt (int .root.Values.worker.minDriver) 0) }}
   postStart:
     exec:
-      command: ["python", "-m", "dapo.train.gpu_check", "--min-driver", {{ .root.Values.worker.minDriver | int | toString | quote }}]
+      command: ["python", "-m", "dapo.cluster.gpu_check", "--min-driver", {{ .root.Values.worker.minDriver | int | toString | quote }}]
   {{- end }}
   preStop:
     exec:
@@ -434,6 +434,7 @@ Init containers of the Ray head, in order: fix-ownership (storage.fixOwnership, 
 - name: model-fetch
   image: {{ $.image }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
+  terminationMessagePolicy: FallbackToLogsOnError
   command: ["hf", "download", {{ . | quote }}]
   env:
     {{- include "dapo.hubEnv" $.root | nindent 4 }}
@@ -459,6 +460,7 @@ The directories storage.fixOwnership hands to uid:gid: the mount, the data and t
 - name: fix-ownership
   image: {{ .image }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
+  terminationMessagePolicy: FallbackToLogsOnError
   command:
     - /bin/sh
     - -c
@@ -511,6 +513,7 @@ The data preparation init container of the Ray head.
 - name: data-prepare
   image: {{ .image }}
   imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  terminationMessagePolicy: FallbackToLogsOnError
   command:
     {{- toYaml $cmd | nindent 4 }}
   env:

@@ -1,6 +1,6 @@
 {{/*
 The log followers (logs.enabled): one Job per RayJob that prints every attempt's driver log as one stream,
-`python -m dapo.train.follow`. dapo/k8s/followers.py builds the same objects for scripts/render.py.
+`python -m dapo.cluster.follow`. dapo/k8s/followers.py builds the same objects for scripts/render.py.
 */}}
 
 {{/*
@@ -132,9 +132,9 @@ spec:
           image: {{ $image }}
           imagePullPolicy: {{ $v.image.pullPolicy }}
           restartPolicy: Always
-          command: ["python", "-m", "dapo.train.follow"]
+          command: ["python", "-m", "dapo.cluster.follow"]
           args:
-            {{- toYaml (list "--log-dir" $logDir "--rayjob" $rayjob "--backoff-limit" (toString (int $job.backoffLimit)) "--state-dir" "/state" "--sidecar") | nindent 12 }}
+            {{- toYaml (list "--log-dir" $logDir "--rayjob" $rayjob "--backoff-limit" (toString (int $job.backoffLimit)) "--state-dir" "/state" "--sidecar" "--release" $root.Release.Name "--kind" .kind "--claim" (include "dapo.claimName" $root)) | nindent 12 }}
           env:
             - name: POD_NAMESPACE
               valueFrom:

@@ -91,10 +91,11 @@ dapo.k8s.security.CHECKOV_REASONS is the same text.
 */}}
 {{- define "dapo.checkovSkips" -}}
 {{- $reasons := dict
-  "CKV_K8S_8" "a helm test pod runs one check to completion and serves nothing: no liveness probe"
-  "CKV_K8S_9" "a helm test pod runs one check to completion and serves nothing: no readiness probe"
+  "CKV_K8S_8" "a helm test or preflight pod runs its checks to completion and serves nothing: no liveness probe"
+  "CKV_K8S_9" "a helm test or preflight pod runs its checks to completion and serves nothing: no readiness probe"
   "CKV_K8S_15" "image.pullPolicy (IfNotPresent): the tags are immutable releases of images of many GB; Always would pull them again at every pod start"
   "CKV_K8S_22" "torch's import and the CUDA check write caches under HOME and /tmp"
+  "CKV_K8S_25" "storage.fixOwnership: the preflight runs the head's ownership step, root with only CHOWN, DAC_OVERRIDE and FOWNER, to fail the install where it would fail the head"
   "CKV_K8S_38" "the follower reads its RayJob's status from the API server (a Role allowing get on the release's RayJobs only)"
   "CKV_K8S_40" "the images' user is uid 1000 as in Ray's own images; runAsNonRoot is enforced"
   "CKV_K8S_43" "images are pinned by image.tag; to pin by digest set the tag to <tag>@sha256:<digest>"

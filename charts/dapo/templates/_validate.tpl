@@ -239,7 +239,41 @@ scripts/render.py). An existing claim is not sized here (docs/deploy.md, Storage
 {{- fail "fabric.check: the check runs in our trainer (dapo train --fabric-check); train.runner reference starts the upstream recipe, which has none" -}}
 {{- end -}}
 {{- end -}}
+{{- include "dapo.installRules" . -}}
 {{- include "dapo.validateSecurity" . -}}
+{{- end -}}
+
+{{/*
+What the cluster must already have (dapo/k8s/install_rules.py, same messages): the images the release runs were
+published (the chart's default repositories never were, unless image.published says so), and the claim's class is
+not the values files' placeholder shared-rwx.
+*/}}
+{{- define "dapo.installRules" -}}
+{{- $v := .Values -}}
+{{- if not $v.image.published -}}
+{{- $images := list -}}
+{{- if $v.train.enabled -}}
+{{- if eq $v.train.runner "reference" -}}
+{{- $images = append $images (list "train.reference.image.repository" $v.train.reference.image.repository $v.train.reference.image.tag) -}}
+{{- else -}}
+{{- $images = append $images (list "image.repository" $v.image.repository $v.image.tag) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.eval.enabled -}}
+{{- $images = append $images (list "eval.image.repository" ($v.eval.image.repository | default $v.image.repository) ($v.eval.image.tag | default $v.image.tag)) -}}
+{{- end -}}
+{{- if and $v.logs.enabled $v.logs.image.repository -}}
+{{- $images = append $images (list "logs.image.repository" $v.logs.image.repository ($v.logs.image.tag | default $v.image.tag)) -}}
+{{- end -}}
+{{- range $i := $images -}}
+{{- if has (index $i 1) (list "ghcr.io/dapo-k8s/dapo" "ghcr.io/dapo-k8s/dapo-eval") -}}
+{{- fail (printf "%s: %s:%s is the chart's default image, which has not been published; build both images and push them to your registry with `make images REGISTRY=<registry>` (docs/images.md), then set image.repository=<registry>/dapo and eval.image.repository=<registry>/dapo-eval; if the images named do exist (a published release tag), set image.published=true" (index $i 0) (index $i 1) (index $i 2)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (not $v.storage.existingClaim) (eq ($v.storage.storageClassName | default "") "shared-rwx") -}}
+{{- fail "storage.storageClassName: \"shared-rwx\" is the values files' placeholder, not a class of your cluster (the claim would stay Pending): set your ReadWriteMany StorageClass, e.g. --set storage.storageClassName=$RWX_CLASS (kubectl get storageclass; docs/deploy.md, 'Storage')" -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

@@ -3,14 +3,16 @@
 
 - ``generate``: batched sampling with a KV cache (prefill each distinct prompt once, then repeat its cache ``n`` times
   -- the group shares the prompt), temperature / top-k / top-p or greedy, stop at EOS or ``max_tokens``; records the
-  entropy of the sampling distribution and the probability of each sampled token (``Rollout.stats``).
+  entropy of the sampling distribution and the probability of each sampled token (``Rollout.stats``); when that
+  distribution is pi_old's (``_sampling_is_pi_old``), the per-token log-probs and entropies too (``gen_log_prob``,
+  ``gen_entropy``, with ``weights_tag``), which ``compute_old_log_probs`` then uses instead of a forward pass.
 - the KV cache is preallocated for ``max_tokens`` more positions and written in place while decoding
   (:func:`_preallocate_cache`); chunks of prompts are re-padded to one width (:func:`_repad`, also the backend's
   ``concat``).
 
 :class:`Generation` uses what ``LocalBackend.__init__`` sets: ``model``, ``device``, ``tokenizer``, ``pad_id``,
-``eos_ids``, ``generator``, ``share_prefix``, ``gen_chunk_size``, ``autocast``, ``counters``, ``_next_gid`` and
-``encode_prompt``. Imports torch, transformers (lazily), :mod:`dapo.backends.base` and :mod:`dapo.util.lm_forward`.
+``eos_ids``, ``generator``, ``share_prefix``, ``gen_chunk_size``, ``autocast``, ``counters``, ``_next_gid``,
+``recipe``, ``reuse_gen_log_probs``, ``_weights_tag`` and ``encode_prompt``. Imports torch, transformers (lazily), :mod:`dapo.backends.base` and :mod:`dapo.util.lm_forward`.
 """
 
 from __future__ import annotations

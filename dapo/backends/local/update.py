@@ -22,8 +22,9 @@
 
 :class:`PolicyUpdate` uses what ``LocalBackend.__init__`` sets: ``recipe``, ``model``, ``ref_model``, ``device``,
 ``optimizer``, ``scheduler``, ``micro_batch_size``, ``share_prefix``, ``autocast``, ``counters`` and
-``_computed_tokens``. Imports torch, the core (:mod:`dapo.loss`), :mod:`dapo.backends.base` and
-:mod:`dapo.util.lm_forward`.
+``_computed_tokens``. ``perf/mfu/actor`` and ``perf/mfu/actor_infer`` are verl's MFU of the two passes, logged where
+the device's peak is known (:mod:`dapo.util.flops`). Imports torch, the core (:mod:`dapo.loss`),
+:mod:`dapo.backends.base`, :mod:`dapo.util.flops` and :mod:`dapo.util.lm_forward`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 
 from dapo.backends.base import Rollout
 from dapo.loss import agg_loss, entropy_from_logits, kl_penalty, log_probs_from_logits, masked_mean, policy_loss
+from dapo.util.flops import peak_flops, train_flops
 from dapo.util.lm_forward import prompt_forward
 
 __all__ = ["CLIP_HIGH_BINS", "PolicyUpdate", "clip_high_key"]
@@ -74,8 +76,24 @@ class PolicyUpdate:
         rows = list(rows)
         return [torch.tensor(rows[i : i + self.micro_batch_size]) for i in range(0, len(rows), self.micro_batch_size)]
 
+    def _mfu(self, key: str, data: dict[str, torch.Tensor], seconds: float, passes: int = 1,
+             forward_only: bool = False, rows: Optional[list[int]] = None) -> dict[str, float]:
+        """verl's ``perf/mfu/<key>``: model FLOPs of ``passes`` forward+backward passes over the sequences of ``rows``
+        (all by default; prompt + response tokens, :func:`dapo.util.flops.train_flops`) / (seconds x the device's
+        peak), / 3 for a forward-only pass; nothing where the device's peak is unknown (a CPU, an unlisted GPU) or
+        no row was computed."""
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else str(self.device.type)
+        peak = peak_flops(name)
+        if peak is None or seconds <= 0 or rows == []:
+            return {}
+        seqlens = (data["prompt_mask"].sum(1) + data["response_mask"].sum(1))[rows if rows is not None else slice(None)]
+        seqlens = seqlens.tolist()
+        flops = train_flops(self.model.config, seqlens) * passes / (3.0 if forward_only else 1.0)
+        return {f"perf/mfu/{key}": flops / (seconds * peak)}
+
     @torch.no_grad()
     def compute_old_log_probs(self, batch: Rollout) -> dict[str, float]:
+        t0 = time.perf_counter()
         data = batch.data
         N, R = data["response_ids"].shape
         old = torch.zeros((N, R), dtype=torch.float32)
@@ -99,6 +117,8 @@ class PolicyUpdate:
         out = {
             "actor/entropy": float(agg_loss(ent, mask, self.recipe.actor.loss_agg_mode)),
             "actor/mean_prob": float(masked_mean(old.exp(), mask)),
+            # the rows recomputed here (rows reused from generation cost this pass nothing)
+            **self._mfu("actor_infer", data, time.perf_counter() - t0, forward_only=True, rows=stale),
         }
         if self.ref_model is not None:  # verl: reference log-probs after pi_old, before the update
             ref = torch.zeros((N, R), dtype=torch.float32)
@@ -146,6 +166,7 @@ class PolicyUpdate:
         self.counters["update_tokens"] += self._computed_tokens - computed0
         self.counters["update_seconds"] += time.perf_counter() - t0
         out = {f"actor/{k}": float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
+        out.update(self._mfu("actor", data, time.perf_counter() - t0, passes=a.ppo_epochs))
         out["actor/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
         for k, count in enumerate(self._clip_high_hist.tolist()):
             out[clip_high_key(k)] = float(count)

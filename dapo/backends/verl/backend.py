@@ -72,6 +72,7 @@ class VerlBackend(Backend):
         self._rollout_step: Optional[int] = None
         self.num_syncs = 0  # actor -> rollout weight transfers so far (one per step: tests count them)
         self.use_kl_loss = bool(self.cfg.actor_rollout_ref.actor.use_kl_loss)
+        self.n_gpus = int(self.cfg.trainer.nnodes) * int(self.cfg.trainer.n_gpus_per_node)  # verl's resource pool
         if bool(self.cfg.algorithm.use_kl_in_reward):
             raise ConfigError("algorithm.use_kl_in_reward: not implemented by the DAPO loop (use recipe.actor."
                               "use_kl_loss); refusing a config the loop would silently ignore")
@@ -302,6 +303,7 @@ class VerlBackend(Backend):
         metrics.update({
             "actor/entropy": float(agg_loss(ent, mask, self.recipe.actor.loss_agg_mode)),
             "actor/mean_prob": float(masked_mean(old.exp(), mask)),
+            **({"perf/mfu/actor_infer": float(out.meta_info["mfu"])} if "mfu" in out.meta_info else {}),
         })  # fmt: skip
         if "rollout_log_probs" in data.batch.keys():
             # verl's fit() logs how far vLLM's token probabilities are from the actor's: the weight push's check
@@ -345,6 +347,12 @@ class VerlBackend(Backend):
         metrics["actor/num_optimizer_steps"] = float(int(self.cfg.actor_rollout_ref.actor.ppo_epochs) * -(-n // mini))
         self.step += 1  # the replicas are stale now; the next generate() syncs them once (after any save)
         return metrics
+
+    def fit_metrics(self, batch: Rollout, advantages: np.ndarray, timing: dict[str, float]) -> dict[str, float]:
+        """What verl's fit() logs for this batch, by verl's own functions (:mod:`dapo.backends.verl.fit_metrics`)."""
+        from dapo.backends.verl.fit_metrics import fit_metrics
+
+        return {**fit_metrics(batch.data, advantages, timing, self.cfg, self.n_gpus), **self.workers.profiler_hooks()}
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:

@@ -38,7 +38,8 @@ PASSTHROUGH_REFUSED: dict[str, str] = {
     "actor_rollout_ref.rollout.full_determinism": f"{_FIT_ONLY}: main_ppo turns it into VERL_FULL_DETERMINISM / "
     "VLLM_BATCH_INVARIANT / PYTHONHASHSEED before ray.init; set those in placement.env instead",
     "algorithm.rollout_correction": f"{_FIT_ONLY}: rollout correction (importance weights / rejection sampling "
-    "against pi_rollout) is computed in fit(); the DAPO loop recomputes pi_old instead",
+    "against pi_rollout) is applied in fit(); the DAPO loop recomputes pi_old instead (it logs fit()'s rollout_corr/* "
+    "diagnostics with verl's defaults)",
     "global_profiler": f"{_FIT_ONLY}: the profiler is started and stopped around fit()'s steps",
     "skip": f"{_FIT_ONLY}: verl's SkipManager is driven by fit()",
     "trainer.esi_redundant_time": f"{_FIT_ONLY}: the expiry-driven save is decided in fit(); use "

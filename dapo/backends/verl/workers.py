@@ -14,6 +14,7 @@ Imports verl lazily (inside the functions); nothing of the project.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 __all__ = ["VerlWorkers", "RayWorkers", "build_trainer", "dapo_trainer_class"]
@@ -36,7 +37,8 @@ class VerlWorkers(Protocol):
         (+ ``rm_scores`` and reward extra info when verl's reward loop scored them). Needs awake replicas."""
 
     def compute_log_prob(self, batch: Any) -> Any:
-        """``old_log_probs`` and ``entropys`` ``[N, R]`` under the current weights (no grad)."""
+        """``old_log_probs`` and ``entropys`` ``[N, R]`` under the current weights (no grad); ``meta_info["mfu"]``:
+        the pass's model-FLOPs utilisation when the workers measure it (verl's ``perf/mfu/actor_infer``)."""
 
     def compute_ref_log_prob(self, batch: Any) -> Any:
         """``ref_log_prob`` ``[N, R]`` under the reference policy (the initial weights; only with a KL loss)."""
@@ -49,6 +51,10 @@ class VerlWorkers(Protocol):
 
     def sleep_replicas(self) -> None:
         """Free the replicas' GPU memory (weights and KV cache) for the actor's passes."""
+
+    def profiler_hooks(self) -> dict[str, float]:
+        """fit()'s per-step profiler calls, made as fit() makes them with profiling off (``global_profiler`` is
+        refused), timed: ``timing_s/start_profile`` and ``timing_s/stop_profile``."""
 
     def save_checkpoint(self, directory: str, step: int) -> None: ...
 
@@ -125,7 +131,8 @@ class RayWorkers:
 
     def compute_log_prob(self, batch: Any) -> Any:
         self.sleep_replicas()
-        out, _mfu = self.trainer._compute_old_log_prob(batch)
+        out, mfu = self.trainer._compute_old_log_prob(batch)
+        out.meta_info["mfu"] = mfu  # fit()'s perf/mfu/actor_infer
         return out
 
     def compute_ref_log_prob(self, batch: Any) -> Any:
@@ -138,6 +145,15 @@ class RayWorkers:
         self.sleep_replicas()
         out = self.trainer._update_actor(batch)
         return {k: float(v) for k, v in reduce_metrics(out.meta_info["metrics"]).items()}
+
+    def profiler_hooks(self) -> dict[str, float]:
+        out = {}
+        for name, hook in (("start_profile", self.trainer._start_profiling),
+                           ("stop_profile", self.trainer._stop_profiling)):
+            t0 = time.perf_counter()
+            hook(False)  # fit(): do_profile is False unless global_profiler.steps names this step
+            out[f"timing_s/{name}"] = time.perf_counter() - t0
+        return out
 
     def save_checkpoint(self, directory: str, step: int) -> None:
         self.sleep_replicas()

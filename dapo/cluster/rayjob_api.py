@@ -1,7 +1,8 @@
-"""A RayJob's status read from the Kubernetes API, for the log follower (:mod:`dapo.train.follow`).
+"""A RayJob's status read from the Kubernetes API, for the log follower (:mod:`dapo.cluster.follow`).
 
 One request, ``GET /apis/ray.io/v1/namespaces/<ns>/rayjobs/<name>``, with the pod's service-account token: all the
-RBAC it needs is ``get`` on ``rayjobs`` of that name (the chart's Role). Standard library only (``urllib``, ``ssl``):
+RBAC it needs is ``get`` on ``rayjobs`` of that name (the chart's Role). :meth:`RayJobApi.list_json` lists the
+namespace's pods and events for :mod:`dapo.cluster.waits` (``list`` on both, the same Role). Standard library only (``urllib``, ``ssl``):
 the follower runs in whichever image its RayJob runs -- the training image, the evaluation image, or the
 reproduction image (Python 3.10, our package without extras) -- and none of them carries the ``kubernetes`` client.
 The token file is read again for every request: Kubernetes rotates projected service-account tokens (hourly),
@@ -91,6 +92,7 @@ class RayJobApi:
 
     def __init__(self, server: str, namespace: str, name: str, *, token_file: Optional[Path] = None,
                  ca_file: Optional[Path] = None, timeout: float = 10.0):
+        self.server, self.namespace, self.name = server.rstrip("/"), namespace, name
         self.url = f"{server.rstrip('/')}/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}"
         self.token_file = token_file
         self.timeout = timeout
@@ -113,18 +115,36 @@ class RayJobApi:
     def get(self) -> RayJobStatus:
         """The status; ``exists=False`` on 404. Raises :class:`ApiUnavailable` on 401/403 and ``OSError`` (retry
         later) on anything else: a network error, a timeout, a 5xx."""
-        req = urllib.request.Request(self.url, headers={"Accept": "application/json"})
+        obj = self.get_json(self.url, "get this RayJob")
+        if obj is None:
+            return RayJobStatus(exists=False)
+        try:
+            return RayJobStatus.from_object(obj)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not a RayJob object
+            raise OSError(f"GET {self.url}: unreadable answer ({exc})") from None
+
+    def list_json(self, resource: str, query: str = "") -> list[dict]:
+        """The items of ``GET /api/v1/namespaces/<ns>/<resource>?<query>`` (pods, events of this namespace)."""
+        url = f"{self.server}/api/v1/namespaces/{self.namespace}/{resource}" + (f"?{query}" if query else "")
+        obj = self.get_json(url, f"list {resource} in namespace {self.namespace}")
+        items = (obj or {}).get("items") if isinstance(obj, dict) else None
+        return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+    def get_json(self, url: str, what: str) -> Optional[dict]:
+        """One GET with the token: the JSON answer, None on 404; :class:`ApiUnavailable` on 401/403 (``what`` names
+        the permission), ``OSError`` on anything else."""
+        req = urllib.request.Request(url, headers={"Accept": "application/json"})
         if self.token_file is not None:
             req.add_header("Authorization", f"Bearer {self.token_file.read_text().strip()}")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as resp:
-                return RayJobStatus.from_object(json.loads(resp.read()))
+                return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
-                return RayJobStatus(exists=False)
+                return None
             if exc.code in (401, 403):
-                raise ApiUnavailable(f"HTTP {exc.code} for GET {self.url}: the service account may not get this "
-                                     "RayJob (logs.rbac.create, docs/deploy.md)") from None
-            raise OSError(f"HTTP {exc.code} for GET {self.url}") from None
-        except (ValueError, KeyError, TypeError) as exc:  # not a RayJob object
-            raise OSError(f"GET {self.url}: unreadable answer ({exc})") from None
+                raise ApiUnavailable(f"HTTP {exc.code} for GET {url}: the service account may not {what} "
+                                     "(logs.rbac.create, docs/deploy.md)") from None
+            raise OSError(f"HTTP {exc.code} for GET {url}") from None
+        except ValueError as exc:  # not JSON
+            raise OSError(f"GET {url}: unreadable answer ({exc})") from None

@@ -1,7 +1,7 @@
 """Every attempt's driver log as one stream, from the first line to the run's end: the chart's log follower Job
 (``kubectl logs -f job/<release>-train-logs``).
 
-    python -m dapo.train.follow --log-dir /shared/checkpoints/P/E/logs --rayjob dapo-train --state-dir /state
+    python -m dapo.cluster.follow --log-dir /shared/checkpoints/P/E/logs --rayjob dapo-train --state-dir /state
 
 The driver of each RayJob attempt writes ``<log dir>/attempt-<N>.log`` (:mod:`dapo.train.runlog`; the reference
 runner's :mod:`dapo.reference.attempt_log`). The follower waits for the directory, prints each attempt of this run
@@ -10,9 +10,15 @@ in order -- a header line with its number and start time, then its lines as they
 moves to the next attempt when a retry starts, and ends with one line saying how the run ended:
 
 - exit 0 when the last attempt's log ends with exit code 0;
-- exit 1 when the run has failed for good: the RayJob (``--rayjob``, read with :mod:`dapo.train.rayjob_api`) is
+- exit 1 when the run has failed for good: the RayJob (``--rayjob``, read with :mod:`dapo.cluster.rayjob_api`) is
   ``Failed``, ``Complete`` without success (a stopped job), or was deleted; without API access, when an attempt
   fails and ``--backoff-limit`` + 1 attempts have run.
+
+Until an attempt's driver log exists (the cluster being created, pods Pending on GPUs or a claim, images pulling, an
+init container crash-looping), the follower explains the wait on stderr, ``[wait]`` lines, about every
+``--waits-every`` seconds and only what changed: the RayJob's status and attempt, and the causes
+:mod:`dapo.cluster.waits` reads from the release's pods and events (``--release``); when the run then fails, the
+final line names them.
 
 Which attempts belong to the run: with the RayJob's status, those that started (:func:`dapo.train.runlog.started_at`,
 else the file's mtime) at or after its creation -- a re-installed release keeps its earlier runs' logs in the same
@@ -41,7 +47,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-from dapo.train.rayjob_api import ApiUnavailable, RayJobApi, RayJobStatus
+from dapo.cluster.rayjob_api import ApiUnavailable, RayJobApi, RayJobStatus
+from dapo.cluster.waits import Waits
 from dapo.train.runlog import attempt_numbers, exit_code_of, started_at
 
 SUCCEEDED, FAILED = 0, 1
@@ -54,7 +61,7 @@ class Follower:
 
     def __init__(self, log_dir: Path, *, api: Optional[RayJobApi] = None, backoff_limit: Optional[int] = None,
                  state_dir: Optional[Path] = None, poll: float = 2.0, status_every: float = 15.0,
-                 grace: float = 30.0, out_fd: int = 1):
+                 grace: float = 30.0, out_fd: int = 1, waits: Optional[Waits] = None, waits_every: float = 30.0):
         self.log_dir, self.api, self.backoff_limit = Path(log_dir), api, backoff_limit
         self.state_path = Path(state_dir) / "state.json" if state_dir else None
         self.poll, self.status_every, self.grace, self.out_fd = poll, status_every, grace, out_fd
@@ -63,6 +70,7 @@ class Follower:
         self.over_since: Optional[float] = None  # when it was first seen terminal or gone
         self.next_status = 0.0
         self.stopping = False
+        self.waits, self.waits_every, self.next_waits, self.said_status = waits, waits_every, 0.0, ""
         self._notes: set[str] = set()
         self._starts: dict[int, tuple[datetime, bool]] = {}
         self.state = {"attempt": None, "offset": 0, "last_line": "", "finished": {}, "ended": None,
@@ -247,10 +255,34 @@ class Follower:
             return f"{failed} attempt(s) failed, backoffLimit {self.backoff_limit}"
         return None  # no limit known: another attempt may always come
 
+    # -- the waits before a driver log exists (dapo.cluster.waits) -----------------------------------------------------
+    def _explain(self) -> None:
+        """About every ``waits_every`` s while no attempt is printing: the RayJob's status when it changed, and each
+        new cause of a wait, once, on stderr (``[wait]``)."""
+        if self.api is None or time.monotonic() < self.next_waits:
+            return
+        self.next_waits = time.monotonic() + self.waits_every
+        s = self.status
+        if s is not None and s.exists and s.describe() != self.said_status:
+            self.said_status = s.describe()
+            print(f"[wait] RayJob {self.api.name}: {s.describe()}", file=sys.stderr, flush=True)
+        if self.waits is not None:
+            lines, note = self.waits.poll()
+            if note:
+                self.note(note)
+            for line in lines:
+                print(f"[wait] {line}", file=sys.stderr, flush=True)
+
+    def _with_causes(self, why: str) -> str:
+        causes = self.waits.current if self.waits is not None and self.state["attempt"] is None else []
+        return why + (f"; before its driver started: {' | '.join(causes[:6])}" if causes else "")
+
     # -- the loop ----------------------------------------------------------------------------------------------------
     def step(self) -> Optional[int]:
         """One round: read the status, print what is new, decide. Returns the exit code once the run ended."""
         self._poll_status()
+        if self.state["attempt"] is None:
+            self._explain()
         if self.state["attempt"] is None:
             n = self._next_attempt(self._last_done())
             if n is not None:
@@ -273,7 +305,7 @@ class Follower:
                 return self._end(SUCCEEDED, f"the run succeeded: the RayJob is {s.describe()}")
             why = self._failed_for_good()
             if why and (self.api is None or self._over()):
-                return self._end(FAILED, f"the run failed: {why}")
+                return self._end(FAILED, f"the run failed: {self._with_causes(why)}")
         return None
 
     def run(self, sidecar_result: Optional[Path] = None) -> int:
@@ -302,7 +334,7 @@ class Follower:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dapo.train.follow", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dapo.cluster.follow", description=__doc__.split("\n\n")[0])
     p.add_argument("--log-dir", required=True, type=Path, help="the attempt-<N>.log directory (<run dir>/logs)")
     p.add_argument("--rayjob", default=None, help="the RayJob whose status ends the run (omit: the logs alone)")
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or None,
@@ -319,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status-every", type=float, default=15.0, help="seconds between reads of the RayJob status")
     p.add_argument("--grace", type=float, default=30.0,
                    help="seconds to keep reading after the RayJob ended (shared volumes show writes late)")
+    p.add_argument("--release", default=None,
+                   help="the Helm release (its pods' app.kubernetes.io/instance): explain waits from its pods and events")
+    p.add_argument("--kind", default="train", choices=["train", "eval"], help="which RayJob of the release")
+    p.add_argument("--claim", default=None, help="the shared claim, whose events also explain a wait")
+    p.add_argument("--waits-every", type=float, default=30.0, help="seconds between looks at pods and events")
     return p
 
 
@@ -338,8 +375,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"[follow] {exc}; the run's end is judged from the attempt logs alone", file=sys.stderr)
     if args.state_dir is not None:
         args.state_dir.mkdir(parents=True, exist_ok=True)
+    waits = Waits(api, release=args.release, kind=args.kind, claim=args.claim) if api and args.release else None
     follower = Follower(args.log_dir, api=api, backoff_limit=args.backoff_limit, state_dir=args.state_dir,
-                        poll=args.poll, status_every=args.status_every, grace=args.grace)
+                        poll=args.poll, status_every=args.status_every, grace=args.grace, waits=waits,
+                        waits_every=args.waits_every)
     return follower.run(args.state_dir / "result" if args.sidecar else None)
 
 

@@ -1,7 +1,9 @@
 """Start-up check of a GPU pod: the NVIDIA driver is new enough for the image's CUDA, and the GPUs are visible.
 
-    python -m dapo.train.gpu_check --min-driver 580                   # GPU workers, as a postStart hook (chart)
-    python -m dapo.train.gpu_check --min-driver 580 --gpus 8 --torch  # the chart's `helm test` GPU pod
+    python -m dapo.cluster.gpu_check --min-driver 580                   # GPU workers, as a postStart hook (chart)
+    python -m dapo.cluster.gpu_check --min-driver 580 --gpus 8 --torch  # the chart's `helm test` GPU pod
+
+:func:`check_proc_driver` reads the driver without a GPU (the preflight, :mod:`dapo.cluster.preflight`).
 
 The training and evaluation images are built on CUDA 13, which needs an NVIDIA driver of the 580 series or newer; an
 older driver otherwise shows up much later as a cryptic ``CUDA driver version is insufficient`` inside vLLM or NCCL.
@@ -12,10 +14,14 @@ postStart hook's output into the pod's events).
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Optional
+
+PROC_VERSION = Path("/proc/driver/nvidia/version")
 
 
 class GpuCheckError(RuntimeError):
@@ -79,8 +85,28 @@ def check(min_driver: int, gpus: Optional[int] = None, torch_check: bool = False
     return line
 
 
+def check_proc_driver(min_driver: int, proc_version: Path = PROC_VERSION) -> str:
+    """The node's NVIDIA kernel module from ``/proc/driver/nvidia/version`` (``NVRM version: NVIDIA UNIX [Open Kernel
+    Module for] x86_64 Kernel Module  580.65.06 ...``): a container sees it without requesting a GPU, so the preflight
+    checks the driver before any GPU is held. Raises :class:`GpuCheckError` like :func:`check`."""
+    try:
+        text = proc_version.read_text()
+    except OSError:
+        raise GpuCheckError(f"{proc_version} not found: no NVIDIA driver is loaded on this node (is it a GPU node? "
+                            "preflight.nodeSelector / worker.nodeSelector)") from None
+    m = re.search(r"Kernel Module(?: for \S+)?\s+([0-9]+\.[0-9.]+)", text)
+    if not m:
+        raise GpuCheckError(f"{proc_version} names no driver version: {text.strip()[:200]!r}")
+    if driver_major(m.group(1)) < min_driver:
+        raise GpuCheckError(
+            f"NVIDIA driver {m.group(1)} is too old: this image's CUDA 13 needs driver >= {min_driver} "
+            "(upgrade the node's driver, e.g. the GPU operator's driver.version, or use an image for older CUDA)"
+        )
+    return f"NVIDIA driver {m.group(1)} (>= {min_driver}) on this node"
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dapo.train.gpu_check", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dapo.cluster.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--min-driver", type=int, default=580, help="lowest NVIDIA driver major version (CUDA 13: 580)")
     ap.add_argument("--gpus", type=int, default=None, help="number of GPUs the pod must see")
     ap.add_argument("--torch", action="store_true", help="also check torch.cuda sees them")

@@ -1,0 +1,19 @@
+"""The programs that run in the small pods around a run on the cluster -- not the run itself, which is
+:mod:`dapo.train` in the RayJob's driver:
+
+- ``python -m dapo.cluster.follow`` (:mod:`dapo.cluster.follow`), the log follower Job's program
+  (``kubectl logs -f job/<release>-train-logs``): every attempt's driver log as one stream until the run ends, which
+  it reads from the RayJob's status (:mod:`~dapo.cluster.rayjob_api`), and before a driver log exists, why the run
+  waits, from its pods and events (:mod:`~dapo.cluster.waits`);
+- ``python -m dapo.cluster.gpu_check`` (:mod:`~dapo.cluster.gpu_check`), the GPU pods' driver check (a postStart hook
+  of every GPU worker, the ``helm test`` GPU pod);
+- ``python -m dapo.cluster.preflight`` (:mod:`~dapo.cluster.preflight`), the preflight Job's checks before any RayJob
+  holds a GPU: the node's driver, the claim (ReadWriteMany, writable by the image's user, fast enough for the preset's
+  checkpoints).
+
+Every module here runs in whichever image the pod runs -- the training image, the evaluation image, the
+reproduction image (Python 3.10, our package without extras) -- so they use the standard library only (the GPU
+check imports torch lazily, for ``--torch``). Imports :mod:`dapo.train.runlog` (the attempt logs' format); the chart's
+twin (:mod:`dapo.k8s`) names these programs in its pods' commands but does not import them. Importing the package
+imports nothing.
+"""
