@@ -62,7 +62,7 @@ def _split(command: str) -> list[list[str]]:
     """One shell line -> the argv of each simple command (`&&`, `|`, `;`, `>` split; comments and redirects
     dropped; `$VAR` and `$(...)` replaced by a dummy word)."""
     command = re.sub(r"<[A-Za-z][^<>]*>", "PLACEHOLDER", command)  # <release>, <any train pod>
-    command = re.sub(r"\s\[[A-Za-z][^\]]*\]", "", command)  # [extraArgs]: optional arguments
+    command = re.sub(r"\s\[-{0,2}[A-Za-z][^\]]*\]", "", command)  # [extraArgs], [--run RUN]: optional arguments
     command = re.sub(r"\$\((?:[^()]|\([^()]*\))*\)", "SUBST", command)
     command = re.sub(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", "x-value", command)
     lex = shlex.shlex(command, posix=True, punctuation_chars="|&;<>")

@@ -179,11 +179,13 @@ def test_head_holds_no_gpu_and_workers_match_the_preset_placement(name):
         groups = cluster.get("workerGroupSpecs", [])
         if job["metadata"]["name"].endswith("-eval"):
             nodes, gpus = values["eval"]["nodes"], placement["gpus_per_node"]
-        else:
-            nodes, gpus = placement["nodes"], placement["gpus_per_node"]
+        else:  # the values' nodes (values/smoke-2node.yaml) or the preset's
+            nodes, gpus = values.get("nodes") or placement["nodes"], placement["gpus_per_node"]
         (group,) = groups
         assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == nodes
-        (worker,) = group["template"]["spec"]["containers"]
+        worker = group["template"]["spec"]["containers"][0]  # then the values' sidecars (a GKE fabric daemon)
+        assert [c["name"] for c in group["template"]["spec"]["containers"][1:]] == [
+            c["name"] for c in values.get("worker", {}).get("sidecarContainers", [])]
         if placement["backend"] == "local" and not job["metadata"]["name"].endswith("-eval"):
             # CPU workers: the local backend's loop runs in one of them (the driver, entrypointNumCpus)
             assert "nvidia.com/gpu" not in worker["resources"]["limits"]

@@ -383,14 +383,12 @@ def _check_storage_class(v: dict[str, Any], pl: dict[str, Any]) -> None:
 def _check_fabric(v: dict[str, Any], pl: dict[str, Any]) -> None:
     """fabric.check: a fabric named, a verl run of our trainer (the check is `dapo train --fabric-check`)."""
     fab = v["fabric"]
-    if not fab["check"]:
-        return
-    if not fab["expect"]:
+    if fab["check"] and not fab["expect"]:
         raise ValuesError("fabric.expect: fabric.check needs the fabric NCCL must use (socket, ib, efa, tcpx, tcpxo, gib)")
-    if pl["backend"] == "local":
+    if fab["check"] and pl["backend"] == "local":
         raise ValuesError(f"fabric.check: preset {q(v['preset'])} runs on the local backend (one process); the "
                           "check measures the network between a verl run's GPUs")
-    if v["train"]["runner"] == "reference":
+    if fab["check"] and v["train"]["runner"] == "reference":
         raise ValuesError("fabric.check: the check runs in our trainer (dapo train --fabric-check); train.runner "
                           "reference starts the upstream recipe, which has none")
 
