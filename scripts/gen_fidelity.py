@@ -193,7 +193,14 @@ DEVIATIONS: dict[str, str] = {
     "each for 32B with optimizer state, one per `save_freq` = 5 steps), which fills any volume long before the run "
     "ends and then fails every retry at its next save. `recipe.trainer.max_ckpt_to_keep: 3` keeps the newest three; "
     "`dapo.train.checkpoint` deletes older ones (atomic rename to trash, so a kill mid-deletion never damages a "
-    "checkpoint), for both backends (verl itself is told to delete nothing: its rotation forgets earlier attempts).",
+    "checkpoint), for both backends (verl itself is told to delete nothing: its rotation forgets earlier attempts). "
+    "The checkpoint with the best validation score so far is never deleted (kept besides the newest three).",
+    "trainer.total_training_steps": "Run length (full only): the paper's run reached its score at about 320 rollout "
+    "steps (its ~5,000 steps are gradient steps, 16 per rollout step; a DAPO author in verl issue #795), while the "
+    "reference's `total_epochs: 1` over the hub file (1,791,700 rows, each problem ~100x) is 1,166 rollout steps, "
+    "3.6x the paper's run. `recipe.trainer.total_training_steps=null` (an override; Helm: `overrides: "
+    "[recipe.trainer.total_training_steps=null]`) restores the one-epoch setting. `early` keeps one epoch (3,499 "
+    "rollout steps): no public source gives the step at which the early run reached its score.",
     "actor_rollout_ref.actor.strategy": "FSDP2 (`fully_shard`) instead of FSDP1. verl's README recommends it "
     "('better throughput and memory usage', and CPU offload that is correct under gradient accumulation); it is "
     "the FSDP the CPU run exercises end to end (update, save, resume, export), so the GPU presets run the tested "

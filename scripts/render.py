@@ -47,6 +47,11 @@ RENDER_SETS: dict[str, tuple[tuple[str, ...], str]] = {
     # the upstream DAPO recipe (verl 4f80e46) beside ours: train.runner reference
     "reference-full": (("full.yaml", "reference.yaml"), "dapo-ref"),
     "reference-early": (("early.yaml", "reference.yaml"), "dapo-ref"),
+    # the two-node fabric check per cloud (values/smoke-2node.yaml + the cloud's fabric file)
+    "smoke-2node-eks-p5": (("smoke.yaml", "smoke-2node.yaml", "eks-p5.yaml"), "dapo-smoke"),
+    "smoke-2node-gke-a3-high": (("smoke.yaml", "smoke-2node.yaml", "gke-a3-high.yaml"), "dapo-smoke"),
+    "smoke-2node-gke-a3-mega": (("smoke.yaml", "smoke-2node.yaml", "gke-a3-mega.yaml"), "dapo-smoke"),
+    "smoke-2node-gke-a3-ultra": (("smoke.yaml", "smoke-2node.yaml", "gke-a3-ultra.yaml"), "dapo-smoke"),
 }
 
 

@@ -176,3 +176,99 @@ def test_verl_backend_leaves_rotation_to_dapo_checkpoint():
     workers._awake = False
     workers.save_checkpoint("/ckpt/global_step_5/actor", 5)
     assert calls == [(("/ckpt/global_step_5/actor", None, 5), {"max_ckpt_to_keep": None})]
+
+
+# --- the best checkpoint --------------------------------------------------------------------------------------------
+
+def _run_with_scores(root: Path, scores: dict[int, float], keep: int, steps) -> None:
+    """Save each step, then record its validation (the loop's order: save, then validate)."""
+    for step in steps:
+        _save(root, step, keep)
+        if step in scores:
+            ckpt.record_validation(root, step, scores[step])
+
+
+def test_the_best_checkpoint_is_kept_besides_the_newest_even_when_it_is_old(tmp_path):
+    scores = {1: 0.20, 2: 0.55, 3: 0.40, 4: 0.41, 5: 0.30, 6: 0.50, 7: 0.52, 8: 0.54}
+    _run_with_scores(tmp_path, scores, keep=2, steps=range(1, 9))
+    assert ckpt.best_step(tmp_path) == 2
+    assert ckpt.complete_steps(tmp_path) == [2, 7, 8]
+    assert ckpt.best_record(tmp_path) == {"step": 2, "score": 0.55}
+
+
+def test_a_higher_score_moves_the_best_and_frees_the_old_one(tmp_path):
+    scores = {1: 0.5, 2: 0.1, 3: 0.1, 4: 0.9, 5: 0.2, 6: 0.2}
+    _run_with_scores(tmp_path, scores, keep=1, steps=range(1, 7))
+    assert ckpt.complete_steps(tmp_path) == [4, 6]  # step 1 was the best until step 4 beat it
+    assert ckpt.best_step(tmp_path) == 4
+
+
+def test_a_tie_keeps_the_earlier_best_and_a_missing_score_changes_nothing(tmp_path):
+    _run_with_scores(tmp_path, {1: 0.5, 2: 0.5, 3: float("nan")}, keep=1, steps=range(1, 4))
+    ckpt.record_validation(tmp_path, 3, None)
+    assert ckpt.best_step(tmp_path) == 1 and ckpt.complete_steps(tmp_path) == [1, 3]
+
+
+def test_a_validation_without_a_checkpoint_of_its_step_is_not_a_best(tmp_path):
+    _save(tmp_path, 5, 1)
+    assert ckpt.record_validation(tmp_path, 0, 0.9) is None  # validation before training: nothing to keep
+    assert ckpt.record_validation(tmp_path, 7, 0.9) is None  # a step validated but not saved
+    assert not (tmp_path / ckpt.BEST).exists()
+
+
+def test_the_best_record_survives_a_restart_and_a_lowered_retention(tmp_path):
+    """Across retries: the record is a file beside the checkpoints; a new process (here: fresh calls) reads it."""
+    _run_with_scores(tmp_path, {1: 0.2, 2: 0.8, 3: 0.3, 4: 0.3}, keep=3, steps=range(1, 5))
+    assert ckpt.complete_steps(tmp_path) == [2, 3, 4] and ckpt.best_step(tmp_path) == 2
+    assert ckpt.prune(tmp_path, 1) == [3]  # the resume-time prune of a lowered max_ckpt_to_keep
+    _run_with_scores(tmp_path, {5: 0.1, 6: 0.1}, keep=1, steps=[5, 6])
+    assert ckpt.complete_steps(tmp_path) == [2, 6] and ckpt.best_step(tmp_path) == 2
+
+
+def test_a_record_whose_checkpoint_is_gone_is_replaced(tmp_path):
+    _run_with_scores(tmp_path, {1: 0.9}, keep=1, steps=[1])
+    ckpt.discard(tmp_path, 1)  # removed by hand
+    _run_with_scores(tmp_path, {2: 0.1}, keep=1, steps=[2])
+    assert ckpt.best_step(tmp_path) == 2
+
+
+def test_the_local_loop_keeps_its_best_validated_checkpoint_across_a_resume(tmp_path):
+    """The loop (what both backends run) over a scripted backend whose validation accuracy peaks at step 2 and falls
+    afterwards: after 6 steps with max_ckpt_to_keep 1, and again after a resumed run to step 8, step 2 is still
+    there."""
+    from dapo.config import load_preset
+    from dapo.train.loop import DAPOLoop
+    from loop_support import ScriptedBackend, make_rows
+
+    class Peaking(ScriptedBackend):
+        """Validation right at step 2 only; its step count is part of its checkpoint."""
+
+        done = 0
+
+        def generate(self, prompts, sampling, group_ids=None):
+            rollout = super().generate(prompts, sampling, group_ids)
+            if sampling.validation and self.done != 2:
+                rollout.response_text[:] = ["Answer: -1"] * len(rollout.response_text)
+            return rollout
+
+        def update(self, batch, advantages, loss_mask=None):
+            self.done += 1
+            return super().update(batch, advantages, loss_mask)
+
+        def save_checkpoint(self, directory):
+            super().save_checkpoint(directory)
+            (Path(directory) / "done.txt").write_text(str(self.done))
+
+        def load_checkpoint(self, directory):
+            super().load_checkpoint(directory)
+            self.done = int((Path(directory) / "done.txt").read_text())
+
+    over = ["recipe.trainer.save_freq=1", "recipe.trainer.test_freq=1", "recipe.trainer.max_ckpt_to_keep=1",
+            "recipe.trainer.val_before_train=false", "recipe.trainer.logger=[console]"]
+    train, val = make_rows([0.5] * 64), make_rows([1.0] * 4, data_source="val")
+    for steps in (6, 8):
+        preset = load_preset("tiny", over + [f"recipe.trainer.total_training_steps={steps}"])
+        assert DAPOLoop(preset, Peaking(), train, val, tmp_path, progress=False, log=lambda m: None).fit() == 0
+        root = tmp_path / "checkpoints"
+        assert ckpt.complete_steps(root) == [2, steps], ckpt.complete_steps(root)
+        assert ckpt.best_step(root) == 2

@@ -29,7 +29,9 @@ def test_every_reference_key_is_in_the_doc_and_only_documented_deviations_differ
     for name in gen.PRESETS:
         rows, _ = gen.compare(name)
         assert {r["raw_key"] for r in rows} == set(gen.SCRIPTS[name][1]) | set(gen.REFERENCE_DEFAULTS)
-        assert {r["raw_key"] for r in rows if r["status"] == "deviation"} == set(gen.DEVIATIONS)
+        # full stops at the paper's ~320 rollout steps; early keeps the reference's one epoch
+        expected = set(gen.DEVIATIONS) - ({"trainer.total_training_steps"} if name == "early" else set())
+        assert {r["raw_key"] for r in rows if r["status"] == "deviation"} == expected
 
 
 def test_an_undocumented_difference_fails_the_generator(monkeypatch):

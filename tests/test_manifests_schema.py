@@ -159,7 +159,7 @@ def test_every_ray_pod_has_shm_the_shared_volume_and_secret_refs(name):
                 assert env[token]["valueFrom"]["secretKeyRef"]["name"] == "dapo-secrets"
             assert env["RAY_memory_monitor_refresh_ms"]["value"] == "0"
             assert env["HF_HOME"]["value"].startswith("/shared/")
-            assert env["NCCL_SOCKET_IFNAME"]["value"] == "eth0"
+            assert env["NCCL_SOCKET_IFNAME"]["value"] == values.get("nccl", {}).get("NCCL_SOCKET_IFNAME", "eth0")
             assert container["lifecycle"]["preStop"]["exec"]["command"][-1] == "ray stop"
 
 
@@ -179,11 +179,13 @@ def test_head_holds_no_gpu_and_workers_match_the_preset_placement(name):
         groups = cluster.get("workerGroupSpecs", [])
         if job["metadata"]["name"].endswith("-eval"):
             nodes, gpus = values["eval"]["nodes"], placement["gpus_per_node"]
-        else:
-            nodes, gpus = placement["nodes"], placement["gpus_per_node"]
+        else:  # the values' nodes (values/smoke-2node.yaml) or the preset's
+            nodes, gpus = values.get("nodes") or placement["nodes"], placement["gpus_per_node"]
         (group,) = groups
         assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == nodes
-        (worker,) = group["template"]["spec"]["containers"]
+        worker = group["template"]["spec"]["containers"][0]  # then the values' sidecars (a GKE fabric daemon)
+        assert [c["name"] for c in group["template"]["spec"]["containers"][1:]] == [
+            c["name"] for c in values.get("worker", {}).get("sidecarContainers", [])]
         if placement["backend"] == "local" and not job["metadata"]["name"].endswith("-eval"):
             # CPU workers: the local backend's loop runs in one of them (the driver, entrypointNumCpus)
             assert "nvidia.com/gpu" not in worker["resources"]["limits"]

@@ -126,10 +126,18 @@ def test_one_epoch_of_the_duplicated_hub_file_is_months_of_rollout_steps():
     dedup = step_semantics(full, 17_917)
     assert dedup.rollout_steps_per_epoch == 17_917 // 1536
     assert dedup.epochs_for_paper == pytest.approx(PAPER_ROLLOUT_STEPS / (17_917 // 1536))
-    plan = make_plan(full)
+    one_epoch = load_preset("full", ["recipe.trainer.total_training_steps=null"])  # the reference's setting
+    plan = make_plan(one_epoch)
     assert plan.steps["total_rollout_steps"] == 1166
     assert plan.totals["days"] > 7
     assert any(c.key == "recipe.trainer.total_training_steps" for c in plan.warnings)
+
+
+def test_full_plans_a_run_of_the_papers_length():
+    plan = make_plan(load_preset("full"))
+    assert plan.steps["total_rollout_steps"] == PAPER_ROLLOUT_STEPS == 320
+    assert 3 < plan.totals["days"] < 5 and not any(c.key == "recipe.trainer.total_training_steps"
+                                                   for c in plan.warnings)
 
 
 def test_dynamic_sampling_overgenerates_and_too_low_keep_rate_is_an_error():
@@ -263,3 +271,17 @@ def test_generated_tables_in_docs_are_fresh():
         body = text.split(begin, 1)[1].split(DOCS_END, 1)[0].strip()
         assert body == markdown_block(block), (
             f"docs/reproduce.md '{block}' table is stale: run `dapo plan --update-docs docs/reproduce.md`")
+
+
+def test_notes_after_install_print_the_plans_steps_days_gpu_hours_and_the_papers_step():
+    """NOTES.txt reads dapo plan's figures from charts/dapo/files/requirements.yaml (Helm cannot run Python)."""
+    from k8s_support import VALUES_DIR, helm_notes, user_values
+
+    plan = make_plan(load_preset("full"))
+    notes = helm_notes(user_values([VALUES_DIR / "full.yaml"]))
+    want = (f"{plan.steps['total_rollout_steps']} rollout steps, {plan.totals['days']:.1f} days, "
+            f"{round(plan.totals['gpu_hours'])} GPU-hours")
+    assert want in notes, notes[:2000]
+    assert "AIME-2024 avg@32 = 50" in notes and "near rollout step 320" in notes and "verl issue #795" in notes
+    moved = helm_notes(user_values([VALUES_DIR / "full.yaml"], {"nodes": 8}))
+    assert "`dapo plan --preset full --set KEY=VALUE --nodes N` gives this run's figures" in moved

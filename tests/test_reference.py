@@ -88,9 +88,12 @@ def test_reference_entrypoint_passes_the_reference_scripts_arguments_key_by_key(
     script, ref = FIDELITY.SCRIPTS[preset]
     ref_args = {k: v for k, v in ref.items() if not k.startswith("runtime_env.")}
     # a key the scripts leave at its default is passed only as a documented deviation: retention (the reference
-    # keeps every ~400 GB checkpoint and fills any volume)
+    # keeps every ~400 GB checkpoint and fills any volume) and full's run length (the paper's ~320 rollout steps)
     retention = {"trainer.max_actor_ckpt_to_keep"} & set(FIDELITY.DEVIATIONS)
     assert retention and args["trainer.max_actor_ckpt_to_keep"] == load_preset(preset).recipe.trainer.max_ckpt_to_keep
+    if preset == "full":
+        assert "trainer.total_training_steps" in FIDELITY.DEVIATIONS and args["trainer.total_training_steps"] == 320
+        retention |= {"trainer.total_training_steps"}
     assert set(args) - retention == set(ref_args), (
         f"{script}: missing {sorted(set(ref_args) - set(args))}, not in the script {sorted(set(args) - set(ref_args))}")
     for key, want in ref_args.items():
@@ -217,10 +220,12 @@ def test_placement_and_overrides_replace_generated_arguments_in_place_in_helm_an
     command, args = _split(py_job["spec"]["entrypoint"])
     assert args["trainer.nnodes"] == 2 and args["trainer.n_gpus_per_node"] == 4 and args["trainer.save_freq"] == 1
     assert command[4] == "/shared/ckpts/ref-full/logs"
-    assert argv[-2:] == ["trainer.total_training_steps=5", "+trainer.log_val_generations=3"]  # appended, in order
+    assert argv[-1:] == ["+trainer.log_val_generations=3"]  # appended (a key not generated)
     base = reference.translate(load_preset("full")).texts()
     i = base.index("trainer.save_freq=5")
     assert argv[argv.index(reference.MODULE) + 1:][i] == "trainer.save_freq=1"  # in place, the last one wins
+    i = base.index("trainer.total_training_steps=320")
+    assert argv[argv.index(reference.MODULE) + 1:][i] == "trainer.total_training_steps=5"  # in place
     assert py_job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 2
 
 

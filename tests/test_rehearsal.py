@@ -14,7 +14,8 @@ HTTPMode submission). Then:
 3. a replacement worker with the same resources joins, the same entrypoint is submitted under a new submission id
    (what KubeRay's retry does) and resumes from the newest complete checkpoint on the shared directory;
 4. it ends with the same metrics (every metrics.jsonl record but timings, summary.json, final weights) as the
-   uninterrupted run; exactly `max_ckpt_to_keep` complete checkpoints remain; every attempt's driver log is at
+   uninterrupted run; the newest `max_ckpt_to_keep` complete checkpoints and the best-scoring one remain; every
+   attempt's driver log is at
    `<trainer.default_local_dir>/logs/attempt-<N>.log`; both attempts logged to the same (offline) wandb run;
 5. the log follower, started from the rendered follower Job's command and arguments (its emptyDir and the shared
    volume under the test's directory) before the first attempt, printed both attempts' logs, every step line once,
@@ -43,7 +44,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from dapo.train.checkpoint import complete_steps
+from dapo.train.checkpoint import best_step, complete_steps
 from dapo.config import load_preset
 from dapo.train.metrics import read_jsonl
 from dapo.config import split_overrides
@@ -336,8 +337,10 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         final = f"global_step_{steps}/actor/model.safetensors"
         assert (straight / "checkpoints" / final).read_bytes() == (ckpts / final).read_bytes()
 
-        assert complete_steps(ckpts) == list(range(steps - keep + 1, steps + 1)), complete_steps(ckpts)
-        assert complete_steps(straight / "checkpoints") == list(range(steps - keep + 1, steps + 1))
+        for root in (ckpts, straight / "checkpoints"):  # the newest `keep`, and the best-scoring one when older
+            kept = set(range(steps - keep + 1, steps + 1)) | ({best_step(root)} - {None})
+            assert complete_steps(root) == sorted(kept), (root, complete_steps(root))
+        assert best_step(ckpts) == best_step(straight / "checkpoints")
         assert not list(ckpts.glob(".tmp-*")) + list(ckpts.glob(".trash-*")), "a temporary directory was left behind"
         phase("same metrics, retention and attempt logs checked")
 

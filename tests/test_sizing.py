@@ -72,7 +72,7 @@ def test_the_shipped_values_of_the_32b_runs_hold_the_loop_and_the_checkpoints(na
     assert rc == 0, out
     assert "ERROR" not in out
     assert "loop peak host memory" in out and f"(max_ckpt_to_keep {load_preset(name).recipe.trainer.max_ckpt_to_keep}"\
-        " + 1) checkpoints" in out
+        " + 1 + the best) checkpoints" in out
 
 
 def test_plan_fails_naming_the_values_key_when_the_loop_does_not_fit_its_worker(tmp_path, capsys):
@@ -119,11 +119,13 @@ def test_loop_memory_is_dominated_by_the_padded_generation_batch_held_twice():
     assert early["during_generation"] == 2 * early["generation_batch"]  # no dynamic sampling: nothing held
 
 
-def test_storage_counts_keep_plus_one_checkpoints():
+def test_storage_counts_keep_plus_one_checkpoints_and_the_best_one():
     preset = load_preset("full")
     s = sizing.storage(preset)
     keep = preset.recipe.trainer.max_ckpt_to_keep
-    assert s["checkpoints"] == keep + 1
-    raw = (keep + 1) * s["per_checkpoint"] + s["model_cache"] + s["data"]
+    assert s["checkpoints"] == keep + 2  # the newest keep, the one being written, the best-scoring one
+    raw = (keep + 2) * s["per_checkpoint"] + s["model_cache"] + s["data"]
     assert raw * 1.1 <= s["bytes"] < raw * 1.1 + 2**30
-    assert re.match(r"^\d+\.\d (GiB|TiB) = \(max_ckpt_to_keep 3 \+ 1\) checkpoints x ", s["summary"])
+    assert re.match(r"^\d+\.\d (GiB|TiB) = \(max_ckpt_to_keep 3 \+ 1 \+ the best\) checkpoints x ", s["summary"])
+    no_val = sizing.storage(load_preset("full", ["recipe.trainer.test_freq=0"]))
+    assert no_val["checkpoints"] == keep + 1  # no validation, no best to keep

@@ -462,3 +462,43 @@ def test_loop_memory_model_counts_the_bytes_of_a_generation_batch_row(backend, s
     r = backend.generate(_rows(3), _train_sampling(preset), group_ids=[20, 21, 22])
     held = sum(t.element_size() * t.numel() for t in r.data.batch.values())
     assert held == len(r) * row_bytes(int(cfg.data.max_prompt_length), int(cfg.data.max_response_length))
+
+
+class PeakingWorkers(CpuStandInWorkers):
+    """Validation answers right only on the weights of step 2 (the replicas' last sync), wrong on any other."""
+
+    synced, validating = -1, False
+
+    def sync_weights(self, step: int) -> None:
+        self.synced = step
+        super().sync_weights(step)
+
+    def generate_sequences(self, gen_batch: DataProto, validate: bool) -> DataProto:
+        self.validating = validate
+        return super().generate_sequences(gen_batch, validate)
+
+    def _text(self, uid: str, k: int, gt: str) -> str:
+        if self.validating:
+            return f"Answer: {gt}" if self.synced == 2 else f"Answer: {int(gt) + 1}"
+        return super()._text(uid, k, gt)
+
+
+def test_retention_on_the_verl_backend_keeps_the_best_checkpoint_across_a_resume(setup, tmp_path):
+    """A run whose best validation is at step 2 of 5 (max_ckpt_to_keep 1) keeps global_step_2, and so does the
+    resumed run to step 7: the verl backend saves through dapo.train.checkpoint (verl deletes nothing)."""
+    from dapo.train import checkpoint as ckpt
+    from dapo.train.loop import DAPOLoop
+
+    _, cfg = setup
+    tok = CharTokenizer()
+    train, val = _rows(300), _rows(5, start=1000)
+    for steps in (5, 7):
+        preset = load_preset("smoke", SMALL + [f"recipe.trainer.total_training_steps={steps}",
+                                               "recipe.trainer.max_ckpt_to_keep=1",
+                                               "recipe.filter_groups.max_num_gen_batches=0",
+                                               "recipe.trainer.val_before_train=false"])
+        backend = VerlBackend(cfg, preset, PeakingWorkers(cfg, tok), tok)
+        logs: list[str] = []
+        assert DAPOLoop(preset, backend, train, val, tmp_path, progress=False, log=logs.append).fit() == 0, logs
+        root = ckpt.checkpoint_root(tmp_path)
+        assert ckpt.complete_steps(root) == [2, steps] and ckpt.best_step(root) == 2

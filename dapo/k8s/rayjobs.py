@@ -42,6 +42,11 @@ class RayJobs(PodTemplates):
         preset_dir = v["train"]["presetDir"]
         preset_dir = preset_dir[:-1] if preset_dir.endswith("/") else preset_dir
         args = ["python", "-m", "dapo.train", "--preset", f"{preset_dir}/{v['preset']}.yaml"]
+        fab = v["fabric"]
+        if fab["check"]:  # the all-reduce and transport check before training (dapo.train.fabric)
+            args.append(f"--fabric-check={fab['expect']}")
+            if fab.get("minBusBandwidthGBps") is not None:  # a null from the user removes the key (Helm)
+                args.append(f"--fabric-min-busbw={float(fab['minBusBandwidthGBps']):g}")
         if pl["backend"] != "local":
             args += [f"placement.nodes={pl['nodes']}", f"placement.gpus_per_node={pl['gpus']}"]
         return " ".join(args + list(v["overrides"]))

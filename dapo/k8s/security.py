@@ -117,6 +117,7 @@ def pod_security_profile(v: dict[str, Any]) -> tuple[str, list[str]]:
         privileged.append("hostNetwork (host namespaces; NetworkPolicies do not apply to hostNetwork pods)")
     if v.get("ipcLock"):
         privileged.append("ipcLock (IPC_LOCK is not among the capabilities baseline allows)")
+    privileged += _extra_pod_parts(v)
     ctr = v.get("securityContext") or {}
     if str(ctr.get("runAsUser")) == "0" or ctr.get("runAsNonRoot") is False:
         baseline.append("securityContext runs the Ray containers as root")
@@ -128,6 +129,26 @@ def pod_security_profile(v: dict[str, Any]) -> tuple[str, list[str]]:
     if privileged:
         return "privileged", privileged + baseline
     return ("baseline", baseline) if baseline else ("restricted", [])
+
+
+# Pod Security Standards, baseline: the capabilities a container may add
+BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+                         "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+
+
+def _extra_pod_parts(v: dict[str, Any]) -> list[str]:
+    """What the user's extra volumes and sidecars bring that baseline refuses (a cloud's fabric files: hostPath
+    plugin directories, a privileged or NET_ADMIN network daemon)."""
+    out = []
+    for role in ("head", "worker"):
+        if any("hostPath" in vol for vol in v[role].get("extraVolumes") or []):
+            out.append(f"{role}.extraVolumes (hostPath volumes)")
+        for c in v[role].get("sidecarContainers") or []:
+            sc = c.get("securityContext") or {}
+            added = {str(x).removeprefix("CAP_") for x in (sc.get("capabilities") or {}).get("add") or []}
+            if sc.get("privileged") or added - BASELINE_CAPABILITIES:
+                out.append(f"{role}.sidecarContainers {c.get('name')} (privileged or capabilities beyond baseline)")
+    return out
 
 
 class NetworkPolicies:

@@ -165,6 +165,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     _check_host_and_storage(values)
     _check_eval(values, preset, pl)
     _check_storage_class(values, pl)
+    _check_fabric(values, pl)
     check_install(values)
 
 
@@ -377,6 +378,19 @@ def _check_storage_class(v: dict[str, Any], pl: dict[str, Any]) -> None:
             'StorageClass by name, or storage.existingClaim; the cluster default class ("") is ReadWriteOnce on EKS '
             "and GKE and the claim would stay Pending (kubectl get storageclass lists the classes)"
         )
+
+
+def _check_fabric(v: dict[str, Any], pl: dict[str, Any]) -> None:
+    """fabric.check: a fabric named, a verl run of our trainer (the check is `dapo train --fabric-check`)."""
+    fab = v["fabric"]
+    if fab["check"] and not fab["expect"]:
+        raise ValuesError("fabric.expect: fabric.check needs the fabric NCCL must use (socket, ib, efa, tcpx, tcpxo, gib)")
+    if fab["check"] and pl["backend"] == "local":
+        raise ValuesError(f"fabric.check: preset {q(v['preset'])} runs on the local backend (one process); the "
+                          "check measures the network between a verl run's GPUs")
+    if fab["check"] and v["train"]["runner"] == "reference":
+        raise ValuesError("fabric.check: the check runs in our trainer (dapo train --fabric-check); train.runner "
+                          "reference starts the upstream recipe, which has none")
 
 
 def hub_offline(values: dict[str, Any], preset: dict[str, Any]) -> bool:

@@ -37,9 +37,11 @@ with P = max_prompt_length, R = max_response_length (padded, so lengths do not m
 
 Storage
 -------
-At most ``max_ckpt_to_keep + 1`` checkpoints exist at once (dapo.train.checkpoint prunes before and after a save). One
+At most ``max_ckpt_to_keep + 1`` checkpoints exist at once (dapo.train.checkpoint prunes before and after a save),
+plus the one with the best validation score when it is older (never deleted; counted when ``test_freq`` > 0). One
 verl checkpoint of an N-parameter model: fp32 FSDP model shards (4N) + Adam moments (8N) (+ 4N with ``hf_model`` in
-``save_contents``: verl passes the fp32 full state dict to ``save_pretrained``; the presets save none); the model download in the HF cache is bf16 (2N); data is a
+``save_contents``: verl passes the fp32 full state dict to ``save_pretrained``; the presets save none); the model
+download in the HF cache is bf16 (2N); data is a
 fixed allowance; 10% headroom on top. ``max_ckpt_to_keep: null`` (keep all) counts every checkpoint the run saves.
 
 The chart's copy of these numbers (charts/dapo/files/requirements.yaml) is written by :mod:`dapo.plan.cli`.
@@ -187,8 +189,9 @@ def storage(preset, A: SizingAssumptions = SizingAssumptions()) -> dict[str, Any
     keep = t.max_ckpt_to_keep if t.max_ckpt_to_keep and t.max_ckpt_to_keep > 0 else None
     saved = checkpoints_saved(preset)
     if keep is not None:
-        count = keep + 1 if saved is None else min(keep + 1, saved)
-        how = f"(max_ckpt_to_keep {keep} + 1) checkpoints"
+        best = 1 if t.test_freq > 0 else 0  # the best-scoring checkpoint stays besides the newest ones
+        count = keep + 1 + best if saved is None else min(keep + 1 + best, saved)
+        how = f"(max_ckpt_to_keep {keep} + 1{' + the best' if best else ''}) checkpoints"
     elif saved is not None:
         count, how = saved, f"all {saved} checkpoints (max_ckpt_to_keep: null)"
     else:

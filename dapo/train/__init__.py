@@ -11,7 +11,9 @@
 - the reports drawn from them (:mod:`~dapo.train.report`), with verl's console metrics for the reference runner
   (:mod:`~dapo.train.verl_log`);
 - ``python -m dapo.train`` (= ``dapo train``), the entrypoint of every training run, the chart's RayJob included
-  (:mod:`dapo.train.cli`).
+  (:mod:`dapo.train.cli`);
+- the fabric check before training (:mod:`~dapo.train.fabric`: the all-reduce bus bandwidth, the network NCCL chose
+  read from its log, the verdict against the declared fabric; ``dapo train --fabric-check``).
 
 Imports the core, ``dapo.util``, ``dapo.config``, ``dapo.data`` and ``dapo.eval`` (a report draws evaluation
 results beside the training curves); the loop sees a backend only through :mod:`dapo.backends.base`, and only the

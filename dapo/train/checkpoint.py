@@ -14,13 +14,18 @@ Reading (:func:`latest`) only considers ``global_step_*`` directories holding ``
 directories of a killed writer are removed on the next save.
 
 Retention (``max_to_keep`` = ``recipe.trainer.max_ckpt_to_keep``, :func:`prune`): the newest ``max_to_keep``
-complete checkpoints stay, older ones go. A checkpoint is deleted in two steps: one ``rename`` to
+complete checkpoints stay, older ones go -- except the checkpoint with the best validation score so far, which is
+never deleted. :func:`record_validation` keeps that record in ``best_checkpoint.json`` beside the checkpoints (written
+atomically, so it survives retries and resume like the checkpoints themselves): a validated step whose complete
+checkpoint exists becomes the best when its score is higher than the recorded one (or the recorded one's checkpoint is
+gone). At most ``max_to_keep + 2`` checkpoints then exist at any moment (the newest ``max_to_keep``, the best, the
+one being written). A checkpoint is deleted in two steps: one ``rename`` to
 ``.trash-global_step_N-XXXX`` (atomic: from then on no reader counts it), then ``rmtree`` of the trash directory. A
 process killed in the middle leaves either a complete ``global_step_N`` or a ``.trash-*`` directory, never a
 half-deleted ``global_step_N``; leftovers are removed on the next save and on resume. The newest complete checkpoint
 is never a candidate. :func:`save` prunes to ``max_to_keep`` *before* writing and again after, so the directory
-holds at most ``max_to_keep + 1`` checkpoints at any moment (the bound ``dapo plan`` sizes the volume with), even
-after a crash between a save and its pruning or after ``max_to_keep`` was lowered.
+holds at most ``max_to_keep + 1`` checkpoints besides the best at any moment (the bound ``dapo plan`` sizes the
+volume with), even after a crash between a save and its pruning or after ``max_to_keep`` was lowered.
 
 verl 0.9.1's own rotation (``BaseCheckpointManager.register_checkpoint`` / ``ensure_checkpoint_capacity``) keeps its
 list of saved paths in memory -- a restarted job forgets the checkpoints of earlier attempts and never deletes them
@@ -30,6 +35,8 @@ list of saved paths in memory -- a restarted job forgets the checkpoints of earl
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import random
 import re
@@ -44,6 +51,7 @@ import torch
 from dapo.util.fsutil import fsync_dir
 
 POINTER = "latest_checkpointed_iteration.txt"
+BEST = "best_checkpoint.json"
 TRASH_PREFIX = ".trash-"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -151,7 +159,8 @@ def discard(root: Path | str, step: int, *, _rmtree: Callable[[Path], None] = sh
 
 def prune(root: Path | str, max_to_keep: Optional[int], *,
           _rmtree: Callable[[Path], None] = shutil.rmtree) -> list[int]:
-    """Keep the newest ``max_to_keep`` complete checkpoints (None or <= 0: keep all); returns the deleted steps.
+    """Keep the newest ``max_to_keep`` complete checkpoints and the best one (:func:`best_step`; None or <= 0: keep
+    all); returns the deleted steps.
 
     Also removes leftover trash, and ``global_step_*`` directories without ``COMPLETE`` that are older than the newest
     complete checkpoint (nothing can resume from them). The newest complete checkpoint is never touched."""
@@ -162,6 +171,8 @@ def prune(root: Path | str, max_to_keep: Optional[int], *,
         return []
     newest = steps[-1]
     victims = steps[:-max_to_keep] if max_to_keep is not None and max_to_keep > 0 else []
+    best = best_step(root)
+    victims = [s for s in victims if s != best]
     for d in root.iterdir() if root.is_dir() else []:
         m = _STEP_DIR.match(d.name)
         if m and d.is_dir() and int(m.group(1)) < newest and not (d / "COMPLETE").exists():
@@ -173,6 +184,40 @@ def prune(root: Path | str, max_to_keep: Optional[int], *,
         discard(root, s, _rmtree=_rmtree)
         deleted.append(s)
     return deleted
+
+
+def best_record(root: Path | str) -> Optional[dict[str, Any]]:
+    """The recorded best validation (``{"step", "score"}``), or None (no record, or an unreadable one)."""
+    try:
+        rec = json.loads((Path(root) / BEST).read_text())
+        return {"step": int(rec["step"]), "score": float(rec["score"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def best_step(root: Path | str) -> Optional[int]:
+    """The step of the checkpoint with the best validation score so far, if that checkpoint is complete."""
+    rec = best_record(root)
+    if rec is None or rec["step"] not in complete_steps(root):
+        return None
+    return rec["step"]
+
+
+def record_validation(root: Path | str, step: int, score: Optional[float]) -> Optional[int]:
+    """Record the validation ``score`` of ``step``; it becomes the best when checkpoint ``step`` is complete and the
+    score beats the recorded best (or that one's checkpoint is gone). Returns the best step afterwards."""
+    root = Path(root)
+    current = best_step(root)
+    if score is None or math.isnan(score) or step not in complete_steps(root):
+        return current
+    rec = best_record(root)
+    if current is not None and rec is not None and score <= rec["score"]:
+        return current
+    tmp = root / f".{BEST}.tmp"
+    tmp.write_text(json.dumps({"step": int(step), "score": float(score)}) + "\n")
+    os.replace(tmp, root / BEST)
+    fsync_dir(root)
+    return int(step)
 
 
 def load_loop_state(ckpt_dir: Path | str) -> dict[str, Any]:

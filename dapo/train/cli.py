@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from dapo.config import ConfigError, list_presets, load_preset, split_overrides
+from dapo.train.fabric import EXIT_FABRIC, FABRICS
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -42,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume", choices=["auto", "disable"], default=None, help="resume from the latest checkpoint (default: preset)"
     )
+    p.add_argument("--fabric-check", metavar="FABRIC", choices=sorted(FABRICS), default=None,
+                   help="verl backend: before training, all-reduce across every GPU of the run, read the network NCCL "
+                   f"chose from its log and fail (exit {EXIT_FABRIC}) unless it is FABRIC ({', '.join(sorted(FABRICS))})"
+                   " and the bus bandwidth reaches the fabric's floor (dapo.train.fabric)")
+    p.add_argument("--fabric-min-busbw", type=float, metavar="GBPS", default=None,
+                   help="with --fabric-check: the busbw floor (GB/s) of the largest message instead of the fabric's")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     p.add_argument("--no-attempt-log", action="store_true",
                    help="do not write <run dir>/logs/attempt-N.log (stdout + stderr of this attempt)")
@@ -85,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume:
             ours.append(f"recipe.trainer.resume_mode={args.resume}")
         preset = load_preset(args.preset, ours)
+        if preset.placement.backend == "local" and args.fabric_check:
+            raise ConfigError(f"--fabric-check measures the network between a verl run's GPUs; preset "
+                              f"{preset.name!r} runs on the local backend (one process)")
         if preset.placement.backend == "local" and verl_overrides:
             raise ConfigError(
                 f"overrides {verl_overrides} are not preset keys (recipe./placement./local.) and the "

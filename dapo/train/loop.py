@@ -135,6 +135,7 @@ class DAPOLoop(Validation, Resumable):
         self.gen_samples_total = 0
         self.val_history: list[tuple[int, dict[str, float]]] = []
         self._pending_metrics: Optional[dict[str, float]] = None  # a step's record not yet logged when it was saved
+        self.wandb_extra: dict[str, Any] = {}  # run facts for the wandb config besides the preset (the fabric check)
         self._bar = None
         self._t0 = time.time()
         self._cpu0 = cpu_seconds()
@@ -314,7 +315,7 @@ class DAPOLoop(Validation, Resumable):
         resumed = self._resume_or_start()
         logger = MetricsLogger(
             self.run_dir, t.logger, project=t.project_name, experiment=t.experiment_name,
-            config=self.preset.to_dict(), resume=resumed, warn=self.log,
+            config={**self.preset.to_dict(), **self.wandb_extra}, resume=resumed, warn=self.log,
         )
         try:
             return self._fit(logger)
@@ -370,7 +371,7 @@ class DAPOLoop(Validation, Resumable):
                 metrics["timing_s/save_checkpoint"] = self.last_save_seconds
             if self._cadence(t.test_freq, step) and self.val_rows:
                 vm = self.validate()
-                self.val_history.append((step, vm))
+                self._record_validation(step, vm)
                 metrics.update(vm)
             logger.log(metrics, step)
             self.log(format_step_line(step, self.total_steps, metrics))

@@ -24,7 +24,7 @@ import numpy as np
 
 from dapo.backends.base import Rollout
 from dapo.train import checkpoint as ckpt
-from dapo.train.metrics import MetricsLogger, format_step_line, read_jsonl, truncate_jsonl
+from dapo.train.metrics import MetricsLogger, format_step_line, read_jsonl, truncate_jsonl, val_accuracy
 
 __all__ = ["Resumable"]
 
@@ -71,6 +71,15 @@ class Resumable:
         self.last_save_seconds = time.perf_counter() - t0
         return path
 
+    def _record_validation(self, step: int, vm: dict[str, float]) -> None:
+        """A validation's result: in the history, and as the best checkpoint when it beats the recorded best
+        (retention never deletes that one; :func:`dapo.train.checkpoint.record_validation`)."""
+        self.val_history.append((step, vm))
+        before = ckpt.best_step(self.ckpt_root)
+        best = ckpt.record_validation(self.ckpt_root, step, val_accuracy(vm))
+        if best is not None and best != before:
+            self.log(f"best checkpoint so far: global_step_{best} (val_acc {val_accuracy(vm):.4f}); kept by retention")
+
     def _resume_or_start(self) -> bool:
         """Resume from the newest complete checkpoint (``resume_mode: auto``); returns True when resumed."""
         metrics_file = self.run_dir / "metrics.jsonl"
@@ -108,7 +117,7 @@ class Resumable:
         m = dict(pending)
         if self._cadence(self.recipe.trainer.test_freq, self.step) and self.val_rows:
             vm = self.validate()
-            self.val_history.append((self.step, vm))
+            self._record_validation(self.step, vm)
             m.update(vm)
         logger.log(m, self.step)
         self.log(format_step_line(self.step, self.total_steps, m))

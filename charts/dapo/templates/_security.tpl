@@ -43,6 +43,28 @@ The Pod Security Standard level the namespace needs for these values, and why (J
 {{- if $v.ipcLock -}}
 {{- $privileged = append $privileged "ipcLock (IPC_LOCK is not among the capabilities baseline allows)" -}}
 {{- end -}}
+{{- /* extra volumes and sidecars baseline refuses (dapo.k8s.security._extra_pod_parts) */ -}}
+{{- $baselineCaps := list "AUDIT_WRITE" "CHOWN" "DAC_OVERRIDE" "FOWNER" "FSETID" "KILL" "MKNOD" "NET_BIND_SERVICE" "SETFCAP" "SETGID" "SETPCAP" "SETUID" "SYS_CHROOT" -}}
+{{- range $role := list "head" "worker" -}}
+{{- $g := index $v $role -}}
+{{- $host := false -}}
+{{- range $vol := $g.extraVolumes | default list -}}
+{{- if hasKey $vol "hostPath" }}{{ $host = true }}{{ end -}}
+{{- end -}}
+{{- if $host -}}
+{{- $privileged = append $privileged (printf "%s.extraVolumes (hostPath volumes)" $role) -}}
+{{- end -}}
+{{- range $c := $g.sidecarContainers | default list -}}
+{{- $sc := $c.securityContext | default dict -}}
+{{- $beyond := false -}}
+{{- range $cap := (($sc.capabilities | default dict).add | default list) -}}
+{{- if not (has (trimPrefix "CAP_" (toString $cap)) $baselineCaps) }}{{ $beyond = true }}{{ end -}}
+{{- end -}}
+{{- if or $sc.privileged $beyond -}}
+{{- $privileged = append $privileged (printf "%s.sidecarContainers %s (privileged or capabilities beyond baseline)" $role $c.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $ctr := $v.securityContext | default dict -}}
 {{- if or (eq (toString $ctr.runAsUser) "0") (and (hasKey $ctr "runAsNonRoot") (eq (toString $ctr.runAsNonRoot) "false")) -}}
 {{- $baseline = append $baseline "securityContext runs the Ray containers as root" -}}

@@ -227,6 +227,18 @@ scripts/render.py). An existing claim is not sized here (docs/deploy.md, Storage
 {{- if and (not $v.storage.existingClaim) (not $v.storage.storageClassName) (or (and $v.train.enabled (ne $pl.backend "local") (not $pl.cpu)) $v.eval.enabled) -}}
 {{- fail (printf "storage.storageClassName: preset %q runs on GPU nodes and needs a ReadWriteMany StorageClass by name, or storage.existingClaim; the cluster default class (\"\") is ReadWriteOnce on EKS and GKE and the claim would stay Pending (kubectl get storageclass lists the classes)" $v.preset) -}}
 {{- end -}}
+{{- /* fabric.check (dapo.k8s.values._check_fabric) */ -}}
+{{- if $v.fabric.check -}}
+{{- if not $v.fabric.expect -}}
+{{- fail "fabric.expect: fabric.check needs the fabric NCCL must use (socket, ib, efa, tcpx, tcpxo, gib)" -}}
+{{- end -}}
+{{- if eq $pl.backend "local" -}}
+{{- fail (printf "fabric.check: preset %q runs on the local backend (one process); the check measures the network between a verl run's GPUs" $v.preset) -}}
+{{- end -}}
+{{- if eq $v.train.runner "reference" -}}
+{{- fail "fabric.check: the check runs in our trainer (dapo train --fabric-check); train.runner reference starts the upstream recipe, which has none" -}}
+{{- end -}}
+{{- end -}}
 {{- include "dapo.installRules" . -}}
 {{- include "dapo.validateSecurity" . -}}
 {{- end -}}

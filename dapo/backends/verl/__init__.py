@@ -15,4 +15,6 @@ The backend:
 - :mod:`dapo.backends.verl.backend`: ``VerlBackend``, verl's trainer methods and data path under our loop.
 - :mod:`dapo.backends.verl.fit_metrics`: the metrics verl's ``fit()`` logs, by verl's own functions on our batch.
 - :mod:`dapo.backends.verl.run`: the ``dapo train`` entrypoint for ``placement.backend: verl``.
+- :mod:`dapo.backends.verl.fabric`: ``--fabric-check`` on the run's Ray cluster (one actor per GPU, before verl's
+  workers start).
 """

@@ -74,6 +74,16 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
 
     cfg = resolved.cfg
     connect(cfg, environ)
+    wandb_extra: dict[str, Any] = {}
+    if getattr(args, "fabric_check", None):
+        from dapo.backends.verl.fabric import check as check_fabric
+        from dapo.train.fabric import EXIT_FABRIC
+
+        passed, wandb_extra = check_fabric(preset, args.fabric_check, getattr(args, "fabric_min_busbw", None),
+                                           log=lambda m: print(m, flush=True))
+        if not passed:
+            print(f"dapo train: the fabric check failed; nothing trained (exit code {EXIT_FABRIC})", flush=True)
+            return EXIT_FABRIC
     train_rows = read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
     val_rows = read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
     total_steps = preset.recipe.trainer.total_training_steps or _steps_for(preset, len(train_rows))
@@ -82,6 +92,7 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     workers = RayWorkers(cfg, total_steps, verl_agreement=preset.recipe.reward.verl_agreement)
     backend = VerlBackend(cfg, preset, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
     loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False))
+    loop.wandb_extra = wandb_extra
     try:
         return int(loop.fit() or 0)
     finally:

@@ -1,0 +1,113 @@
+"""The fabric check on the run's Ray cluster (``dapo train --fabric-check FABRIC``), before verl's workers start.
+
+:func:`run_check` places one Ray actor per GPU of the run (a placement group of one bundle per node, ``STRICT_SPREAD``
+over the nodes, so the all-reduce crosses every node as training will), each with the job's environment -- the pods'
+NCCL variables and the preset's ``placement.env`` reach it exactly as they reach verl's workers. Each actor turns on
+NCCL's INFO log for INIT and NET into a file of its own (``NCCL_DEBUG_FILE``; the chart sets ``NCCL_DEBUG=INFO`` and
+``NCCL_DEBUG_SUBSYS=INIT,NET`` already, a ``NCCL_DEBUG_SUBSYS`` without them gets them added), joins one NCCL process
+group, runs :func:`dapo.train.fabric.measure` and returns its timings and its NCCL log lines. The driver reads the
+transport from all ranks' lines, prints the report into the attempt log and judges it (:func:`dapo.train.fabric.judge`).
+The actors and the placement group are gone before verl creates its own.
+
+Imports :mod:`dapo.train.fabric`; Ray and torch lazily (the process is the job driver, already connected).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from dapo.train import fabric
+
+__all__ = ["run_check", "nccl_debug_env"]
+
+
+def nccl_debug_env(environ: dict[str, str], log_file: str) -> dict[str, str]:
+    """The variables an actor sets before NCCL starts: INFO, INIT and NET among the subsystems, one file per
+    process (NCCL expands ``%h`` / ``%p``)."""
+    subsys = [s for s in environ.get("NCCL_DEBUG_SUBSYS", "").split(",") if s]
+    if subsys and subsys[0].startswith("^"):  # an exclusion list: replace it, INIT and NET are what is read
+        subsys = []
+    for s in ("INIT", "NET"):
+        if s not in subsys and "ALL" not in subsys:
+            subsys.append(s)
+    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": ",".join(subsys), "NCCL_DEBUG_FILE": log_file}
+
+
+class _Rank:
+    """One GPU of the check (a Ray actor: ``ray.remote(num_gpus=1)``)."""
+
+    def address(self) -> tuple[str, int, str]:
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port, socket.gethostname()
+
+    def run(self, rank: int, world: int, init: str, sizes: list[int], iters: int, backend: str) -> dict[str, Any]:
+        import glob
+        import socket
+        import tempfile
+
+        log_dir = tempfile.mkdtemp(prefix="dapo-fabric-")
+        os.environ.update(nccl_debug_env(dict(os.environ), os.path.join(log_dir, "nccl.%h.%p.log")))
+        rows = fabric.run_rank(rank, world, init, backend=backend, sizes=sizes, iters=iters)
+        lines: list[str] = []
+        for path in sorted(glob.glob(os.path.join(log_dir, "nccl.*"))):
+            with open(path, errors="replace") as f:
+                lines += [ln.rstrip("\n") for ln in f if "NET" in ln or "Using network" in ln]
+        return {"rank": rank, "host": socket.gethostname(), "sizes": rows, "nccl_lines": lines}
+
+
+def run_check(nodes: int, gpus_per_node: int, *, backend: str = "nccl", sizes: Optional[list[int]] = None,
+              iters: int = 20) -> dict[str, Any]:
+    """Measure on ``nodes`` x ``gpus_per_node`` ranks of the connected Ray cluster (one GPU each; ``backend="gloo"``:
+    one CPU each, no GPU); returns the report (:func:`dapo.train.fabric.judge`'s input): world, nodes, backend, sizes
+    (rank 0's rows: the all-reduced slowest times), transport, hosts."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    world = nodes * gpus_per_node
+    gpu = 1 if backend == "nccl" else 0
+    bundles = [{"CPU": gpus_per_node, **({"GPU": gpus_per_node} if gpu else {})}] * nodes
+    pg = placement_group(bundles, strategy="STRICT_SPREAD" if nodes > 1 else "PACK")
+    ray.get(pg.ready())
+    Rank = ray.remote(num_cpus=1, num_gpus=gpu)(_Rank)
+    actors = [Rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+        placement_group=pg, placement_group_bundle_index=r // gpus_per_node)).remote() for r in range(world)]
+    try:
+        host, port, _ = ray.get(actors[0].address.remote())
+        init = f"tcp://{host}:{port}"
+        results = ray.get([a.run.remote(r, world, init, list(sizes or fabric.SIZES), iters, backend)
+                           for r, a in enumerate(actors)])
+    finally:
+        for a in actors:
+            ray.kill(a)
+        remove_placement_group(pg)
+    lines = [ln for r in results for ln in r["nccl_lines"]]
+    hosts = sorted({r["host"] for r in results})
+    return {"world": world, "nodes": len(hosts), "hosts": hosts, "backend": backend,
+            "sizes": results[0]["sizes"], "transport": fabric.read_transport(lines)}
+
+
+def check(preset: Any, expect: str, floor_gbps: Optional[float] = None, log=print) -> tuple[bool, dict[str, Any]]:
+    """``dapo train --fabric-check``: measure on the preset's placement, print the report, judge it. Returns (passed,
+    the wandb config entries). Logical GPUs on CPU (``placement.accelerator: cpu``) measure gloo over CPU ranks."""
+    from dapo.backends.verl.settings import CPU_ACCELERATOR
+
+    pl = preset.placement
+    backend = "gloo" if pl.accelerator == CPU_ACCELERATOR else "nccl"
+    log(f"fabric check: all-reduce across {pl.nodes} x {pl.gpus_per_node} ranks before training (declared: {expect})")
+    report = run_check(pl.nodes, pl.gpus_per_node, backend=backend)
+    if backend == "nccl" and pl.nodes > 1 and report["nodes"] < pl.nodes:
+        reasons = [f"the ranks ran on {report['nodes']} host(s) ({', '.join(report['hosts'])}), not {pl.nodes}: "
+                   "the check did not cross the nodes"]
+    else:
+        reasons = []
+    reasons += fabric.judge(report, expect, floor_gbps)
+    log(fabric.format_report(report, expect, reasons, floor_gbps))
+    return not reasons, fabric.wandb_summary(report, expect, reasons)

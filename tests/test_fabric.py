@@ -1,0 +1,207 @@
+"""The fabric check (dapo.train.fabric, dapo.backends.verl.fabric): the all-reduce bus bandwidth measured for real
+across two processes (gloo on CPU) with the floor passing and failing; the transport read from NCCL log lines of
+public issues (tests/fixtures/nccl/*.log, each block names its source) for IB, EFA, GPUDirect-TCPX/TCPXO and Socket;
+the run refused when the declared fabric is not the one NCCL chose; the chart's value reaching the entrypoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from dapo.train import fabric
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
+SIZES = [2**16, 2**20, 2**22]
+
+
+def _lines(name: str) -> list[str]:
+    return [ln for ln in (FIXTURES / f"{name}.log").read_text().splitlines() if not ln.startswith("#")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gloo_rows():
+    """Two processes, one gloo group over loopback, the sweep measured (rank 0's JSON: the slowest rank's times)."""
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    procs = [subprocess.Popen([sys.executable, "-m", "dapo.train.fabric", "--rank", str(r), "--world", "2", "--init",
+                               init, "--backend", "gloo", "--sizes", ",".join(map(str, SIZES)), "--iters", "3"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    return json.loads(outs[0][0])
+
+
+def test_the_bus_bandwidth_is_measured_across_two_processes(gloo_rows):
+    assert [r["bytes"] for r in gloo_rows] == SIZES
+    for r in gloo_rows:
+        assert r["seconds"] > 0 and r["algbw_gbps"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)  # nccl-tests: 2(n-1)/n
+    print("gloo over loopback, 2 ranks:", [(r["bytes"], round(r["busbw_gbps"], 3)) for r in gloo_rows])
+
+
+def test_the_floor_passes_and_fails_on_the_measured_bandwidth(gloo_rows):
+    report = {"world": 2, "nodes": 1, "backend": "gloo", "sizes": gloo_rows, "transport": fabric.read_transport([])}
+    measured = gloo_rows[-1]["busbw_gbps"]
+    assert fabric.judge(report, "socket", floor_gbps=measured / 10) == []
+    reasons = fabric.judge(report, "socket", floor_gbps=measured * 10)
+    assert len(reasons) == 1 and "below the socket floor" in reasons[0] and "4 MiB" in reasons[0]
+    text = fabric.format_report(report, "socket", reasons, measured * 10)
+    assert "fabric check FAILED: all-reduce bus bandwidth" in text
+    assert sum("busbw" in ln and "GB/s" in ln for ln in text.splitlines()) == len(SIZES) + 1  # + the header
+    print(text)
+
+
+@pytest.mark.parametrize("log, networks, expect", [
+    ("socket", ["Socket"], "socket"),
+    ("ib", ["IBext", "IB"], "ib"),
+    ("efa", ["Libfabric", "AWS Libfabric"], "efa"),
+    ("tcpx", ["GPUDirectTCPX_v7"], "tcpx"),
+    ("tcpxo", ["FasTrak"], "tcpxo"),
+    ("gib", ["gIB"], "gib"),
+])
+def test_the_transport_is_read_from_nccls_own_log_lines(log, networks, expect):
+    tr = fabric.read_transport(_lines(log))
+    assert tr["networks"] == networks and tr["fabrics"] == [expect]
+    report = {"world": 16, "backend": "nccl", "sizes": [], "transport": tr}
+    assert fabric.judge(report, expect) == []
+
+
+def test_the_details_efa_provider_and_plugins_are_reported():
+    efa, ib = fabric.read_transport(_lines("efa")), fabric.read_transport(_lines("ib"))
+    assert efa["provider"] == "efa" and ib["plugins"] == ["NCCL RDMA Plugin v6"]
+    assert fabric.read_transport(_lines("tcpx"))["plugins"] == ["GPUDirectTCPX_v7"]
+
+
+def test_channel_lines_name_the_network_when_no_using_line_is_there():
+    only_channels = [ln for ln in _lines("socket") if "via NET/" in ln]
+    assert fabric.read_transport(only_channels)["networks"] == ["Socket"]
+    fast = fabric.read_transport(_lines("fastsocket"))
+    assert fast["networks"] == ["FastSocket"] and fast["fabrics"] == ["unknown:FastSocket"]
+
+
+@pytest.mark.parametrize("declared, log", [("efa", "socket"), ("tcpx", "socket"), ("tcpxo", "tcpx"),
+                                           ("ib", "socket"), ("tcpx", "fastsocket")])
+def test_a_run_is_refused_when_nccl_did_not_choose_the_declared_fabric(declared, log):
+    report = {"world": 16, "backend": "nccl", "sizes": [], "transport": fabric.read_transport(_lines(log))}
+    reasons = fabric.judge(report, declared)
+    assert len(reasons) == 1 and f"but the values declare {declared}" in reasons[0], reasons
+    assert "NCCL chose" in fabric.format_report(report, declared, reasons)
+
+
+def test_mixed_ranks_and_a_silent_log_are_refused():
+    mixed = fabric.read_transport(_lines("efa") + _lines("socket"))
+    assert mixed["fabrics"] == ["efa", "socket"]
+    assert fabric.judge({"world": 16, "sizes": [], "transport": mixed}, "efa")
+    silent = fabric.judge({"world": 16, "sizes": [], "transport": fabric.read_transport([])}, "efa")
+    assert "no 'Using network' line" in silent[0]
+    assert "not one of" in fabric.judge({"world": 2, "sizes": [], "transport": mixed}, "rdma")[0]
+
+
+def test_bus_bandwidth_is_nccl_tests_definition():
+    algbw, busbw = fabric.bus_bandwidth(8 * 10**9, 0.1, 16)
+    assert algbw == pytest.approx(80.0) and busbw == pytest.approx(80.0 * 2 * 15 / 16)
+
+
+def test_the_actor_turns_on_nccls_init_and_net_log_into_its_own_file():
+    from dapo.backends.verl.fabric import nccl_debug_env
+
+    assert nccl_debug_env({"NCCL_DEBUG_SUBSYS": "INIT,NET"}, "/tmp/x.%h.%p") == {
+        "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": "/tmp/x.%h.%p"}
+    assert nccl_debug_env({"NCCL_DEBUG_SUBSYS": "GRAPH"}, "f")["NCCL_DEBUG_SUBSYS"] == "GRAPH,INIT,NET"
+    assert nccl_debug_env({"NCCL_DEBUG_SUBSYS": "^COLL"}, "f")["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+    assert nccl_debug_env({}, "f")["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+
+
+def test_dapo_train_refuses_the_check_on_the_local_backend(capsys):
+    from dapo.train.cli import main
+
+    assert main(["--preset", "tiny", "--fabric-check", "socket", "--no-attempt-log"]) == 2
+    assert "--fabric-check measures the network between a verl run's GPUs" in capsys.readouterr().err
+
+
+_RAY_SCRIPT = """
+import json, sys
+import ray
+ray.init(num_cpus=2, include_dashboard=False, _temp_dir=sys.argv[1])
+try:
+    from dapo.backends.verl.fabric import run_check
+    print("REPORT " + json.dumps(run_check(1, 2, backend="gloo", sizes=[2**16, 2**20], iters=3)))
+finally:
+    ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_the_check_runs_as_ray_actors_in_a_placement_group(tmp_path):
+    """The path a cluster takes (actors in a placement group, rank 0's address handed to all, NCCL's debug file
+    per process, actors and group removed after), on a Ray instance of its own with gloo ranks on CPU."""
+    short = Path("/tmp") / f"dapo-fab-{os.getpid()}"  # Ray's socket paths must stay short
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(tmp_path), RAY_AUTH_MODE="disabled",
+               RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    try:
+        out = subprocess.run([sys.executable, "-c", _RAY_SCRIPT, str(short)], env=env, capture_output=True, text=True,
+                             timeout=600)
+    finally:
+        subprocess.run(["rm", "-rf", str(short)], check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("REPORT "))[7:])
+    assert report["world"] == 2 and report["nodes"] == 1 and report["backend"] == "gloo"
+    assert [r["bytes"] for r in report["sizes"]] == [2**16, 2**20] and report["sizes"][-1]["busbw_gbps"] > 0
+    assert fabric.judge(report, "socket", floor_gbps=1e-6) == []
+
+
+# --- the chart: fabric.* reaches the training entrypoint, identically in Helm and render.py ---------------------------
+
+def _entrypoint(objects) -> str:
+    return next(o for o in objects if o["kind"] == "RayJob")["spec"]["entrypoint"]
+
+
+@pytest.mark.parametrize("fab, args", [
+    ({"check": True, "expect": "efa", "minBusBandwidthGBps": 25}, "--fabric-check=efa --fabric-min-busbw=25"),
+    ({"check": True, "expect": "tcpxo", "minBusBandwidthGBps": 12.5}, "--fabric-check=tcpxo --fabric-min-busbw=12.5"),
+    ({"check": True, "expect": "ib", "minBusBandwidthGBps": None}, "--fabric-check=ib placement.nodes="),
+    ({"check": False, "expect": "efa", "minBusBandwidthGBps": None}, "full.yaml placement.nodes="),
+])
+def test_fabric_values_reach_the_training_entrypoint_in_helm_and_render_py(fab, args):
+    from k8s_support import VALUES_DIR, helm_objects, python_objects, user_values
+
+    files = [VALUES_DIR / "full.yaml"]
+    helm_job = _entrypoint(helm_objects(user_values(files, {"fabric": fab})))
+    assert helm_job == _entrypoint(python_objects(files, extra={"fabric": fab}))
+    assert args in helm_job, helm_job
+    from dapo.train.cli import build_parser
+
+    parsed = build_parser().parse_args(helm_job.split(" ")[3:])  # what `python -m dapo.train` will parse
+    assert parsed.fabric_check == (fab["expect"] if fab["check"] else None)
+
+
+@pytest.mark.parametrize("values, key", [
+    ({"fabric": {"check": True}}, "fabric.expect:"),
+    ({"preset": "tiny", "fabric": {"check": True, "expect": "socket"}}, "fabric.check: preset"),
+    ({"train": {"runner": "reference"}, "fabric": {"check": True, "expect": "efa"}}, "fabric.check: the check"),
+])
+def test_fabric_check_is_refused_where_it_cannot_run_in_helm_and_render_py(values, key):
+    import re
+
+    from dapo.k8s.presets import ValuesError
+    from k8s_support import CHART_DIR, chart, helm, render_script
+
+    values = {"storage": {"storageClassName": "rwx"}, **values}
+    with pytest.raises(helm().HelmRenderError, match=re.escape(key)):
+        chart().render(values, name="dapo", namespace="ml")
+    with pytest.raises(ValuesError, match=re.escape(key)):
+        render_script().render_objects(CHART_DIR, [], extra=values)
