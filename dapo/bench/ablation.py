@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from dapo.bench.runs import _slug, run_one
+from dapo.bench.runs import _slug, cached_run
 
 LADDER: list[tuple[str, list[str]]] = [
     ("naive GRPO", [
@@ -175,11 +175,6 @@ def cmd_ablation(argv: list[str]) -> int:
     out = Path(args.out)
     assets = out / "assets"
     rungs = LADDER if args.rungs is None else [LADDER[int(i)] for i in args.rungs.split(",")]
-    base = [
-        "recipe.trainer.logger=[console]",
-        "recipe.trainer.save_freq=0",
-        "recipe.trainer.resume_mode=disable",
-    ]
     results: dict[str, list[dict]] = {}
     t_start = time.time()
     load0 = os.getloadavg()[0]
@@ -187,13 +182,10 @@ def cmd_ablation(argv: list[str]) -> int:
         results[name] = []
         for seed in seeds:
             run_dir = out / _slug(name) / f"seed{seed}"
-            done = run_dir / "bench_result.json"
-            if done.exists():
-                res = json.loads(done.read_text())
-            else:
-                t0 = time.time()
-                res = run_one(args.preset, base + rung + [f"recipe.trainer.seed={seed}"] + args.overrides, run_dir,
-                              assets, threads=args.threads)  # fmt: skip
+            fresh, t0 = not (run_dir / "bench_result.json").exists(), time.time()
+            res = cached_run(args.preset, rung + [f"recipe.trainer.seed={seed}"] + args.overrides, run_dir, assets,
+                             threads=args.threads)  # fmt: skip
+            if fresh:
                 nan = float("nan")
                 print(f"[{time.time() - t_start:.0f}s] {name} seed {seed}: final val acc "
                       f"{res.get('val_acc_after', nan):.3f} (before {res.get('val_acc_before', nan):.3f})"

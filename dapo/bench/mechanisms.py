@@ -29,7 +29,7 @@ import platform
 import time
 from pathlib import Path
 
-from dapo.bench.runs import _slug, run_one
+from dapo.bench.runs import _slug, cached_run
 
 OFF_CLIP_HIGHER = ["recipe.actor.clip_ratio_high=0.2"]
 OFF_TOKEN_LEVEL = ["recipe.actor.loss_agg_mode=seq-mean-token-mean"]
@@ -80,21 +80,17 @@ TARGET_WINDOW = (20, 24)
 
 
 def _rung_runs(args, out: Path, assets: Path, names: list[str], seeds: list[int], log) -> dict[str, list[dict]]:
-    base = ["recipe.trainer.logger=[console]", "recipe.trainer.save_freq=0", "recipe.trainer.resume_mode=disable"]
     results: dict[str, list[dict]] = {}
     for name in names:
         results[name] = []
         for seed in seeds:
             run_dir = out / _slug(name) / f"seed{seed}"
-            done = run_dir / "bench_result.json"
-            if done.exists():
-                res = json.loads(done.read_text())
-            elif args.report_only:
+            fresh, t0 = not (run_dir / "bench_result.json").exists(), time.time()
+            res = cached_run(args.preset, RUNGS[name] + [f"recipe.trainer.seed={seed}"] + args.overrides, run_dir,
+                             assets, threads=args.threads, train=not args.report_only)  # fmt: skip
+            if res is None:
                 continue
-            else:
-                t0 = time.time()
-                res = run_one(args.preset, base + RUNGS[name] + [f"recipe.trainer.seed={seed}"] + args.overrides,
-                              run_dir, assets, threads=args.threads)  # fmt: skip
+            if fresh:
                 log(f"{name} seed {seed}: final val acc {res.get('val_acc_after')}, {res.get('gen_samples_total')} "
                     f"samples, {time.time() - t0:.0f}s wall, {res['cpu_seconds']:.0f}s CPU")  # fmt: skip
             res["run_dir"] = str(run_dir)

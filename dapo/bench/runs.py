@@ -12,6 +12,27 @@ from pathlib import Path
 from typing import Any, Optional
 
 
+# Every benchmark rung: console logging only, no checkpoints, a fresh start (the run directory is the cache).
+BENCH_OVERRIDES = [
+    "recipe.trainer.logger=[console]",
+    "recipe.trainer.save_freq=0",
+    "recipe.trainer.resume_mode=disable",
+]
+
+
+def cached_run(preset_name: str, overrides: list[str], run_dir: Path, assets_dir: Path, *,
+               threads: Optional[int] = None, train: bool = True) -> Optional[dict[str, Any]]:
+    """A rung's run for one seed: the finished result in ``run_dir`` (``bench_result.json``) if there is one, else
+    trained now by :func:`run_one` with :data:`BENCH_OVERRIDES` first -- or ``None`` when ``train`` is false (a report
+    from the finished runs only)."""
+    done = run_dir / "bench_result.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    if not train:
+        return None
+    return run_one(preset_name, BENCH_OVERRIDES + overrides, run_dir, assets_dir, threads=threads)
+
+
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-").replace("--", "-")
 
