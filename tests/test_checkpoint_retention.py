@@ -232,43 +232,68 @@ def test_a_record_whose_checkpoint_is_gone_is_replaced(tmp_path):
     assert ckpt.best_step(tmp_path) == 2
 
 
+class _ScoredBackend:
+    """A scripted backend (tests/loop_support.py) whose validation accuracy after its n-th update is ``acc[n]`` (0 when
+    absent); its update count is part of its checkpoint."""
+
+    @staticmethod
+    def make(acc: dict[int, float]):
+        from loop_support import ScriptedBackend
+
+        class Scored(ScriptedBackend):
+            done = 0
+
+            def generate(self, prompts, sampling, group_ids=None):
+                rollout = super().generate(prompts, sampling, group_ids)
+                if sampling.validation:
+                    n = len(rollout.response_text)
+                    right = round(acc.get(self.done, 0.0) * n)
+                    rollout.response_text[right:] = ["Answer: -1"] * (n - right)
+                return rollout
+
+            def update(self, batch, advantages, loss_mask=None):
+                self.done += 1
+                return super().update(batch, advantages, loss_mask)
+
+            def save_checkpoint(self, directory):
+                super().save_checkpoint(directory)
+                (Path(directory) / "done.txt").write_text(str(self.done))
+
+            def load_checkpoint(self, directory):
+                super().load_checkpoint(directory)
+                self.done = int((Path(directory) / "done.txt").read_text())
+
+        return Scored()
+
+
+def _loop_run(root: Path, backend, steps: int) -> None:
+    from dapo.config import load_preset
+    from dapo.train.loop import DAPOLoop
+    from loop_support import make_rows
+
+    over = ["recipe.trainer.save_freq=1", "recipe.trainer.test_freq=1", "recipe.trainer.max_ckpt_to_keep=1",
+            "recipe.trainer.val_before_train=false", "recipe.trainer.logger=[console]",
+            f"recipe.trainer.total_training_steps={steps}"]
+    train, val = make_rows([0.5] * 64), make_rows([1.0] * 4, data_source="val")
+    preset = load_preset("tiny", over)
+    assert DAPOLoop(preset, backend, train, val, root, progress=False, log=lambda m: None).fit() == 0
+
+
 def test_the_local_loop_keeps_its_best_validated_checkpoint_across_a_resume(tmp_path):
     """The loop (what both backends run) over a scripted backend whose validation accuracy peaks at step 2 and falls
     afterwards: after 6 steps with max_ckpt_to_keep 1, and again after a resumed run to step 8, step 2 is still
     there."""
-    from dapo.config import load_preset
-    from dapo.train.loop import DAPOLoop
-    from loop_support import ScriptedBackend, make_rows
-
-    class Peaking(ScriptedBackend):
-        """Validation right at step 2 only; its step count is part of its checkpoint."""
-
-        done = 0
-
-        def generate(self, prompts, sampling, group_ids=None):
-            rollout = super().generate(prompts, sampling, group_ids)
-            if sampling.validation and self.done != 2:
-                rollout.response_text[:] = ["Answer: -1"] * len(rollout.response_text)
-            return rollout
-
-        def update(self, batch, advantages, loss_mask=None):
-            self.done += 1
-            return super().update(batch, advantages, loss_mask)
-
-        def save_checkpoint(self, directory):
-            super().save_checkpoint(directory)
-            (Path(directory) / "done.txt").write_text(str(self.done))
-
-        def load_checkpoint(self, directory):
-            super().load_checkpoint(directory)
-            self.done = int((Path(directory) / "done.txt").read_text())
-
-    over = ["recipe.trainer.save_freq=1", "recipe.trainer.test_freq=1", "recipe.trainer.max_ckpt_to_keep=1",
-            "recipe.trainer.val_before_train=false", "recipe.trainer.logger=[console]"]
-    train, val = make_rows([0.5] * 64), make_rows([1.0] * 4, data_source="val")
+    root = tmp_path / "checkpoints"
     for steps in (6, 8):
-        preset = load_preset("tiny", over + [f"recipe.trainer.total_training_steps={steps}"])
-        assert DAPOLoop(preset, Peaking(), train, val, tmp_path, progress=False, log=lambda m: None).fit() == 0
-        root = tmp_path / "checkpoints"
+        _loop_run(tmp_path, _ScoredBackend.make({2: 1.0}), steps)
         assert ckpt.complete_steps(root) == [2, steps], ckpt.complete_steps(root)
         assert ckpt.best_step(root) == 2
+
+
+def test_a_new_best_after_the_last_save_frees_the_old_best_before_the_run_ends(tmp_path):
+    """The loop saves a step before validating it (verl's order): when the last step's validation beats an older
+    best, the older one is deleted then, not left beside the newest until a next save that never comes."""
+    _loop_run(tmp_path, _ScoredBackend.make({2: 0.5, 4: 1.0}), 4)
+    root = tmp_path / "checkpoints"
+    assert ckpt.best_step(root) == 4
+    assert ckpt.complete_steps(root) == [4], ckpt.complete_steps(root)

@@ -46,6 +46,7 @@ import yaml
 from conftest import ROOT
 from dapo.train.checkpoint import best_step, complete_steps
 from dapo.config import load_preset
+from dapo.train.metric_names import WALL_CLOCK
 from dapo.train.metrics import read_jsonl
 from dapo.config import split_overrides
 from k8s_support import by_key, helm_objects, set_files, user_values
@@ -85,7 +86,8 @@ SHORT = [
     f"recipe.trainer.total_training_steps={STEPS}",
     "recipe.trainer.save_freq=1",
 ]
-VOLATILE = ("timing_s/", "ts", "perf/")  # wall-clock metrics: differ between any two runs
+# wall-clock metrics (timing_s/*, timing_per_token_ms/*, ...): they differ between any two runs
+VOLATILE = WALL_CLOCK + ("ts", "perf/")
 
 
 def _render(root: Path):
@@ -337,9 +339,9 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         final = f"global_step_{steps}/actor/model.safetensors"
         assert (straight / "checkpoints" / final).read_bytes() == (ckpts / final).read_bytes()
 
-        for root in (ckpts, straight / "checkpoints"):  # the newest `keep`, and the best-scoring one when older
-            kept = set(range(steps - keep + 1, steps + 1)) | ({best_step(root)} - {None})
-            assert complete_steps(root) == sorted(kept), (root, complete_steps(root))
+        for ckpt_root in (ckpts, straight / "checkpoints"):  # the newest `keep`, and the best-scoring one when older
+            kept = set(range(steps - keep + 1, steps + 1)) | ({best_step(ckpt_root)} - {None})
+            assert complete_steps(ckpt_root) == sorted(kept), (ckpt_root, complete_steps(ckpt_root))
         assert best_step(ckpts) == best_step(straight / "checkpoints")
         assert not list(ckpts.glob(".tmp-*")) + list(ckpts.glob(".trash-*")), "a temporary directory was left behind"
         phase("same metrics, retention and attempt logs checked")

@@ -79,6 +79,8 @@ class Resumable:
         best = ckpt.record_validation(self.ckpt_root, step, val_accuracy(vm))
         if best is not None and best != before:
             self.log(f"best checkpoint so far: global_step_{best} (val_acc {val_accuracy(vm):.4f}); kept by retention")
+            if before is not None:  # the old best is now one more old checkpoint: retention applies to it at once
+                ckpt.prune(self.ckpt_root, self.recipe.trainer.max_ckpt_to_keep)
 
     def _resume_or_start(self) -> bool:
         """Resume from the newest complete checkpoint (``resume_mode: auto``); returns True when resumed."""
