@@ -24,12 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Optional
 
-from dapo.bench.runs import _slug, cached_run
+from dapo.bench.runs import _slug, cached_run, run_meta
 
 LADDER: list[tuple[str, list[str]]] = [
     ("naive GRPO", [
@@ -196,14 +195,7 @@ def cmd_ablation(argv: list[str]) -> int:
     table = ablation_table(results, targets)
     out.mkdir(parents=True, exist_ok=True)
     png = ablation_plot(results, out / "ablation.png")
-    cmd = "dapo bench ablation " + " ".join(argv)
-    all_runs = [r for runs in results.values() for r in runs]
-    meta = (
-        f"command: `{cmd.strip()}`\n\nmachine: {platform.machine()}, {os.cpu_count()} CPUs, load average at start "
-        f"{load0:.1f}, at end {os.getloadavg()[0]:.1f}; this invocation {time.time() - t_start:.0f}s wall; the "
-        f"{len(all_runs)} runs: {sum(r['wall_seconds'] for r in all_runs):.0f}s wall, "
-        f"{sum(r['cpu_seconds'] for r in all_runs):.0f}s CPU in total\n"
-    )
+    meta = run_meta("dapo bench ablation " + " ".join(argv), results, load0, t_start)
     (out / "ablation.md").write_text(meta + "\n" + table + "\n")
     (out / "ablation.json").write_text(json.dumps({"targets": targets, "seeds": seeds, "results": results}, indent=2))
     print(table)

@@ -25,11 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
-from dapo.bench.runs import _slug, cached_run
+from dapo.bench.runs import _slug, cached_run, run_meta
 
 OFF_CLIP_HIGHER = ["recipe.actor.clip_ratio_high=0.2"]
 OFF_TOKEN_LEVEL = ["recipe.actor.loss_agg_mode=seq-mean-token-mean"]
@@ -136,14 +135,7 @@ def cmd_mechanisms(argv: list[str]) -> int:
         pre_file.write_text(json.dumps(pre, indent=2))
     log(f"preconditions at warm start: {pre}")
     results = _rung_runs(args, out, assets, names, seeds, log)
-    all_runs = [r for runs in results.values() for r in runs]
-    meta = (
-        f"command: `{('dapo bench mechanisms ' + ' '.join(argv)).strip()}`\n\nmachine: {platform.machine()}, "
-        f"{os.cpu_count()} CPUs, load average at start {load0:.1f}, at end {os.getloadavg()[0]:.1f}; this invocation "
-        f"{time.time() - t_start:.0f}s wall; the {len(all_runs)} runs: "
-        f"{sum(r['wall_seconds'] for r in all_runs):.0f}s wall, {sum(r['cpu_seconds'] for r in all_runs):.0f}s CPU "
-        "in total\n"
-    )
+    meta = run_meta("dapo bench mechanisms " + " ".join(argv), results, load0, t_start)
     text = write_report(results, pre, out, meta, seeds, MECHANISMS, TARGET_WINDOW)
     print(text)
     return 0

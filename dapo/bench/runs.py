@@ -33,6 +33,21 @@ def cached_run(preset_name: str, overrides: list[str], run_dir: Path, assets_dir
     return run_one(preset_name, BENCH_OVERRIDES + overrides, run_dir, assets_dir, threads=threads)
 
 
+def run_meta(command: str, results: dict[str, list[dict]], load0: float, t_start: float) -> str:
+    """The lines a benchmark report opens with: the command, the machine and its load average at start and end, this
+    invocation's wall time, and the runs' summed wall and CPU seconds."""
+    import os
+    import platform
+
+    runs = [r for rs in results.values() for r in rs]
+    return (
+        f"command: `{command.strip()}`\n\nmachine: {platform.machine()}, {os.cpu_count()} CPUs, load average at start "
+        f"{load0:.1f}, at end {os.getloadavg()[0]:.1f}; this invocation {time.time() - t_start:.0f}s wall; the "
+        f"{len(runs)} runs: {sum(r['wall_seconds'] for r in runs):.0f}s wall, "
+        f"{sum(r['cpu_seconds'] for r in runs):.0f}s CPU in total\n"
+    )
+
+
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-").replace("--", "-")
 
