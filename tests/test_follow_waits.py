@@ -6,16 +6,14 @@ events the follower says so once and goes on."""
 
 from __future__ import annotations
 
-import threading
 import time
 import urllib.parse
 from datetime import datetime, timedelta, timezone
-from http.server import ThreadingHTTPServer
 
 import pytest
 
+import api_standin
 from dapo.cluster.waits import pod_causes
-from k8s_support import JsonHandler
 from test_follow import finish, follower, stream_of, write_attempt
 
 SELECTOR = ("app.kubernetes.io/instance=dapo,app.kubernetes.io/component in "
@@ -26,7 +24,8 @@ PULL = ('rpc error: code = NotFound desc = failed to pull and unpack image "regi
 GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are available."
 
 
-def pod(name: str, *, phase: str = "Pending", scheduled: str | None = None, waiting: dict | None = None) -> dict:
+def pod(name: str, *, phase: str = "Pending", scheduled: str | None = None, waiting: dict | None = None,
+        component: str | None = None) -> dict:
     status: dict = {"phase": phase, "conditions": []}
     if scheduled:
         status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
@@ -36,61 +35,55 @@ def pod(name: str, *, phase: str = "Pending", scheduled: str | None = None, wait
                                         "state": {"waiting": waiting}}]
     elif phase == "Running":
         status["containerStatuses"] = [{"name": "ray-worker", "image": IMAGE, "state": {"running": {}}}]
-    return {"metadata": {"name": name, "labels": {"app.kubernetes.io/instance": "dapo"}},
+    component = component or ("train-head" if "head" in name else "train-worker")
+    return {"metadata": {"name": name, "labels": {"app.kubernetes.io/instance": "dapo",
+                                                  "app.kubernetes.io/component": component}},
             "spec": {"containers": [{"name": "ray-worker", "image": IMAGE}]}, "status": status}
 
 
-def warning(kind: str, name: str, reason: str, message: str, count: int = 1) -> dict:
-    return {"type": "Warning", "involvedObject": {"kind": kind, "name": name}, "reason": reason, "message": message,
-            "count": count}
+def warning(kind: str, name: str, reason: str, message: str, count: int = 1, type_: str = "Warning") -> dict:
+    return {"metadata": {"name": f"{name}.{abs(hash((reason, message))):x}"}, "type": type_,
+            "involvedObject": {"kind": kind, "name": name}, "reason": reason, "message": message, "count": count}
 
 
-class StandInApi:
+class StandInApi(api_standin.StandInApi):
     """The RayJob dapo-train, the pods of the chart's selector and the namespace's events in namespace ml."""
 
-    def __init__(self):
-        self.rayjob: dict | None = None
-        self.pods: list[dict] = []
-        self.events: list[dict] = []
-        self.forbidden: set[str] = set()
-        self.selectors: list[str] = []
-        outer = self
+    @property
+    def pods(self) -> list[dict]:
+        return list(self.store.get(("/api/v1", "pods", "ml"), {}).values())
 
-        class Handler(JsonHandler):
-            def do_GET(self):
-                path, _, query = self.path.partition("?")
-                if path == "/apis/ray.io/v1/namespaces/ml/rayjobs/dapo-train":
-                    return self.send_json(200, outer.rayjob) if outer.rayjob else self.send_json(404, {})
-                resource = path.rsplit("/", 1)[-1]
-                if path in ("/api/v1/namespaces/ml/pods", "/api/v1/namespaces/ml/events"):
-                    if resource in outer.forbidden:
-                        return self.send_json(403, {"kind": "Status", "code": 403})
-                    if resource == "pods":
-                        outer.selectors.append(urllib.parse.parse_qs(query).get("labelSelector", [""])[0])
-                        return self.send_json(200, {"items": list(outer.pods)})
-                    # the API server's fieldSelector on events: type=Warning leaves the Normal ones out
-                    wanted = urllib.parse.parse_qs(query).get("fieldSelector", [""])[0]
-                    return self.send_json(200, {"items": [e for e in outer.events
-                                                          if wanted != "type=Warning" or e["type"] == "Warning"]})
-                self.send_json(404, {})
+    @pods.setter
+    def pods(self, pods: list[dict]) -> None:
+        self.replace("Pod", pods, "ml")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+    @property
+    def events(self) -> list[dict]:
+        return list(self.store.get(("/api/v1", "events", "ml"), {}).values())
+
+    @events.setter
+    def events(self, events: list[dict]) -> None:
+        self.replace("Event", events, "ml")
+
+    @property
+    def selectors(self) -> list[str]:
+        return [urllib.parse.parse_qs(r.partition("?")[2]).get("labelSelector", [""])[0] for r in self.requests
+                if r.startswith("/api/v1/namespaces/ml/pods?")]
 
     def status(self, deployment: str, job: str = "", failed: int = 0) -> None:
         created = (datetime.now(timezone.utc) - timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.rayjob = {"metadata": {"name": "dapo-train", "uid": "u1", "creationTimestamp": created},
-                       "spec": {"backoffLimit": 0},
-                       "status": {"jobDeploymentStatus": deployment, "jobStatus": job, "failed": failed,
-                                  **({"reason": "DeadlineExceeded"} if deployment == "Failed" else {})}}
+        self.put({"apiVersion": "ray.io/v1", "kind": "RayJob",
+                  "metadata": {"name": "dapo-train", "namespace": "ml", "uid": "u1", "creationTimestamp": created},
+                  "spec": {"backoffLimit": 0},
+                  "status": {"jobDeploymentStatus": deployment, "jobStatus": job, "failed": failed,
+                             **({"reason": "DeadlineExceeded"} if deployment == "Failed" else {})}})
 
 
 @pytest.fixture
 def api():
     a = StandInApi()
     yield a
-    a.server.shutdown()
+    a.close()
 
 
 def start(log_dir, api):
@@ -153,7 +146,7 @@ def test_a_run_that_fails_before_its_driver_started_exits_1_naming_the_cause(tmp
 
 def test_without_access_to_pods_the_follower_says_so_once_and_goes_on(tmp_path, api):
     log_dir = tmp_path / "logs"
-    api.forbidden = {"pods"}
+    api.forbid("pods")
     api.status("Running", job="RUNNING")
     proc = start(log_dir, api)
     time.sleep(1.0)
