@@ -18,6 +18,7 @@ A row's setting is one of (a backticked cell; values in backticks too, `(unset)`
   check                        the fabric the training entrypoint checks (--fabric-check)
   image tag                    the training image's tag the RayJob runs
   image-arg KEY                a build argument of docker/efa.args (the EFA image variant)
+  image-env NAME               the ENV line of docker/Dockerfile's runtime stage, as written
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from docker_stack import read_args_file
 from k8s_support import VALUES_DIR, helm_objects, python_objects, user_values
 
 DEPLOY = ROOT / "docs" / "deploy.md"
-CLOUDS = ("gke-a3-mega", "gke-a3-high", "gke-a3-ultra")
+EFA_ARGS = ROOT / "docker" / "efa.args"
+CLOUDS = ("eks-p5", "gke-a3-mega", "gke-a3-high", "gke-a3-ultra")
 HEADER = ["setting", "value", "source (version, date)", "must / recommended", "deviation and why"]
 UNSET = "(unset)"
 
@@ -154,6 +157,11 @@ class Rendered:
             return m.group(1) if m else UNSET
         if setting == "image tag":
             return self.ray["image"].rsplit(":", 1)[1]
+        if kind == "image-arg":
+            return read_args_file(EFA_ARGS).get(rest, UNSET)
+        if kind == "image-env":
+            env = re.findall(rf"^ENV {re.escape(rest)}=(\S+)\s*$", (ROOT / "docker" / "Dockerfile").read_text(), re.M)
+            return env[-1] if env else UNSET
         raise AssertionError(f"docs/deploy.md vendor table: unknown setting {setting!r} (tests/test_vendor_tables.py)")
 
 
@@ -208,7 +216,7 @@ def test_every_setting_of_the_cloud_file_has_a_row(cloud):
 
 def test_a_drifted_value_is_caught(monkeypatch):
     """The comparison can fail: a table row that disagrees with the rendered value is reported."""
-    cloud = CLOUDS[0]
+    cloud = "gke-a3-mega"
     rendered = Rendered(cloud)
     row = next(r for r in TABLES[cloud] if _code(r["setting"]).startswith("container "))
     assert rendered.resolve(_code(row["setting"])) == _code(row["value"])
