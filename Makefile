@@ -114,6 +114,8 @@ clean:
 #   make image                        training image, current stack (docker/Dockerfile + docker/constraints.txt)
 #   make image IMAGE_STACK=repro      reproduction stack of the reference runs (docker/repro.args)
 #   make image-eval                   evaluation image (docker/Dockerfile.eval + docker/constraints-eval.txt)
+#   add EFA=1 (image, images) for the AWS EFA variant of the training image: the same lock plus the AWS EFA installer
+#                                     (docker/efa.args), tagged <IMAGE_TAG>-efa -- the tag values/eks-p5.yaml runs
 #   add IMAGE_PUSH=1 to push (docker login to the registry first), IMAGE=/IMAGE_TAG= to rename
 IMAGE ?= ghcr.io/dapo-k8s/dapo
 IMAGE_STACK ?= current
@@ -121,6 +123,10 @@ IMAGE_TAG ?= $(if $(filter repro,$(IMAGE_STACK)),0.1.0-repro-verl4f80e46,0.1.0-v
 EVAL_IMAGE ?= ghcr.io/dapo-k8s/dapo-eval
 EVAL_IMAGE_TAG ?= 0.1.0-ray2.60.0
 IMAGE_PUSH ?= 0
+EFA ?= 0
+# the training image's tag suffix of the EFA variant (values/eks-p5.yaml's image.tag = IMAGE_TAG + this)
+EFA_TAG_SUFFIX := -efa
+IMAGE_VARIANT = $(if $(filter 1,$(EFA)),$(EFA_TAG_SUFFIX))
 REGISTRY ?=
 # flash-attn's CUDA architectures ("" = the stack's: docker/Dockerfile's 90 for H100/H200, the GPU presets; the
 # repro stack's 80;90), e.g. CUDA_ARCHS="80;90" adds A100; MAX_JOBS ("" = 8): parallel nvcc jobs, about RAM / 4 GB.
@@ -137,15 +143,17 @@ lock-check: setup
 	$(VENV)/bin/python scripts/lock_images.py --check
 
 image:
-	docker/build.sh --file docker/Dockerfile --tag $(IMAGE):$(IMAGE_TAG) $(if $(filter-out current,$(IMAGE_STACK)),--args docker/$(IMAGE_STACK).args) $(if $(filter 1,$(IMAGE_PUSH)),--push) -- $(if $(CUDA_ARCHS),--build-arg "FLASH_ATTN_CUDA_ARCHS=$(CUDA_ARCHS)") $(if $(MAX_JOBS),--build-arg "MAX_JOBS=$(MAX_JOBS)")
+	@if [ "$(EFA)" = 1 ] && [ "$(IMAGE_STACK)" != current ]; then echo "make image: EFA=1 builds the current stack's EFA variant; the $(IMAGE_STACK) stack has none" >&2; exit 2; fi
+	docker/build.sh --file docker/Dockerfile --tag $(IMAGE):$(IMAGE_TAG)$(IMAGE_VARIANT) $(if $(filter-out current,$(IMAGE_STACK)),--args docker/$(IMAGE_STACK).args) $(if $(filter 1,$(EFA)),--args docker/efa.args) $(if $(filter 1,$(IMAGE_PUSH)),--push) -- $(if $(CUDA_ARCHS),--build-arg "FLASH_ATTN_CUDA_ARCHS=$(CUDA_ARCHS)") $(if $(MAX_JOBS),--build-arg "MAX_JOBS=$(MAX_JOBS)")
 
-# Both images into the user's registry, then the values that point the chart at them.
+# Both images into the user's registry, then the values that point the chart at them (EFA=1: the training image's
+# EFA variant, for EKS).
 images:
 	@if [ -z "$(REGISTRY)" ]; then echo "make images: set REGISTRY=<registry>/<path> (e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/ml or us-docker.pkg.dev/PROJECT/ml); docker login to it first" >&2; exit 2; fi
-	$(MAKE) image IMAGE=$(REGISTRY)/dapo IMAGE_PUSH=1
+	$(MAKE) image IMAGE=$(REGISTRY)/dapo IMAGE_PUSH=1 EFA=$(EFA)
 	$(MAKE) image-eval EVAL_IMAGE=$(REGISTRY)/dapo-eval IMAGE_PUSH=1
-	@echo "pushed $(REGISTRY)/dapo:$(IMAGE_TAG) and $(REGISTRY)/dapo-eval:$(EVAL_IMAGE_TAG); install with:"
-	@echo "  --set image.repository=$(REGISTRY)/dapo --set eval.image.repository=$(REGISTRY)/dapo-eval"
+	@echo "pushed $(REGISTRY)/dapo:$(IMAGE_TAG)$(IMAGE_VARIANT) and $(REGISTRY)/dapo-eval:$(EVAL_IMAGE_TAG); install with:"
+	@echo "  $(if $(filter 1,$(EFA)),-f values/eks-p5.yaml (its image.tag is $(IMAGE_TAG)$(IMAGE_VARIANT)) )--set image.repository=$(REGISTRY)/dapo --set eval.image.repository=$(REGISTRY)/dapo-eval"
 
 image-eval:
 	docker/build.sh --file docker/Dockerfile.eval --tag $(EVAL_IMAGE):$(EVAL_IMAGE_TAG) $(if $(filter 1,$(IMAGE_PUSH)),--push)

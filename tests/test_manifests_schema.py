@@ -185,8 +185,12 @@ def test_head_holds_no_gpu_and_workers_match_the_preset_placement(name):
         (group,) = groups
         assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == nodes
         worker = group["template"]["spec"]["containers"][0]  # then the values' sidecars (a GKE fabric daemon)
+        sidecars = values.get("worker", {}).get("sidecarContainers", [])
         assert [c["name"] for c in group["template"]["spec"]["containers"][1:]] == [
-            c["name"] for c in values.get("worker", {}).get("sidecarContainers", [])]
+            c["name"] for c in sidecars if c.get("restartPolicy") != "Always"]
+        # native sidecars (restartPolicy Always) are init containers: started before the Ray container
+        assert [c["name"] for c in group["template"]["spec"].get("initContainers", [])] == [
+            c["name"] for c in sidecars if c.get("restartPolicy") == "Always"]
         if placement["backend"] == "local" and not job["metadata"]["name"].endswith("-eval"):
             # CPU workers: the local backend's loop runs in one of them (the driver, entrypointNumCpus)
             assert "nvidia.com/gpu" not in worker["resources"]["limits"]

@@ -31,6 +31,27 @@ HF_TOKEN_VOLUME = "hf-token"
 HF_TOKEN_DIR = "/var/run/secrets/dapo/hf"
 HF_TOKEN_PATH = f"{HF_TOKEN_DIR}/token"
 
+def split_sidecars(sidecars: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(native, plain): the sidecars with ``restartPolicy: Always`` -- Kubernetes native sidecars, init containers
+    that keep running and are started (startupProbe passed) before the main containers -- and the others (more
+    containers). The chart's ``dapo.splitSidecars``."""
+    native = [copy.deepcopy(c) for c in sidecars or [] if str(c.get("restartPolicy")) == "Always"]
+    plain = [copy.deepcopy(c) for c in sidecars or [] if str(c.get("restartPolicy")) != "Always"]
+    return native, plain
+
+
+def env_profile_command(values: dict[str, Any]) -> str:
+    """``fabric.ncclEnvProfile``: what a Ray worker container runs before KubeRay's generated ``ulimit ...; ray
+    start ...`` (KubeRay v1.7 ``BuildPod`` runs ``<container args> && <generated command>`` in ``bash -c``), so that
+    every Ray process of the pod inherits the profile's variables; a missing profile ends the container. "" without
+    a profile. The chart's ``dapo.envProfileCommand``."""
+    path = (values.get("fabric") or {}).get("ncclEnvProfile") or ""
+    if not path:
+        return ""
+    return (f'if [ -r "{path}" ]; then . "{path}"; echo "dapo: sourced {path} (fabric.ncclEnvProfile)"; else echo '
+            f'"dapo: fabric.ncclEnvProfile {path} does not exist on this node: the NCCL plugin installer DaemonSet '
+            f'has not installed it (docs/deploy.md, The fabric)" >&2; exit 1; fi')
+
 
 class PodTemplates(ChartContext):
     """The pod templates of the head and worker groups, and the pieces they share."""
@@ -233,7 +254,8 @@ class PodTemplates(ChartContext):
         for key in ("nodeSelector", "tolerations", "affinity"):
             if h.get(key):
                 spec[key] = copy.deepcopy(h[key])
-        init = self.head_init_containers(image)
+        native, plain = split_sidecars(h.get("sidecarContainers"))
+        init = native + self.head_init_containers(image)
         if init:
             spec["initContainers"] = init
         container = {
@@ -251,7 +273,7 @@ class PodTemplates(ChartContext):
             "volumeMounts": self.volume_mounts(presets=presets, extra=h.get("extraVolumeMounts")),
             **self.ray_container_common(),
         }
-        spec["containers"] = [container] + copy.deepcopy(h.get("sidecarContainers") or [])
+        spec["containers"] = [container] + plain
         spec["volumes"] = self.volumes(shm=h["shmSize"], presets=presets, hf_token=bool(v["dataPrep"]["enabled"]),
                                        extra=h.get("extraVolumes"))
         return {"rayStartParams": dict(h["rayStartParams"]), "template": {"metadata": meta, "spec": spec}}
@@ -281,6 +303,9 @@ class PodTemplates(ChartContext):
             }]}
         if affinity:
             spec["affinity"] = affinity
+        native, plain = split_sidecars(w.get("sidecarContainers"))
+        if native:
+            spec["initContainers"] = native
         resources = copy.deepcopy(w["resources"])
         for section in ("requests", "limits"):
             r = resources.get(section) or {}
@@ -289,16 +314,16 @@ class PodTemplates(ChartContext):
             r.update(copy.deepcopy(w.get("extraResources") or {}))
             resources[section] = r
         hf = self.hf_token_here(head=False, kind=kind)
-        container = {
-            "name": "ray-worker",
-            "image": image,
-            "imagePullPolicy": v["image"]["pullPolicy"],
+        container: dict[str, Any] = {"name": "ray-worker", "image": image, "imagePullPolicy": v["image"]["pullPolicy"]}
+        if env_profile_command(v):
+            container["args"] = [env_profile_command(v)]
+        container |= {
             "env": self.env(head=False, kind=kind),
             "resources": resources,
             "volumeMounts": self.volume_mounts(presets=presets, hf_token=hf, extra=w.get("extraVolumeMounts")),
             **self.ray_container_common(gpu_check=gpus > 0),
         }
-        spec["containers"] = [container] + copy.deepcopy(w.get("sidecarContainers") or [])
+        spec["containers"] = [container] + plain
         spec["volumes"] = self.volumes(shm=w["shmSize"], presets=presets, hf_token=hf, extra=w.get("extraVolumes"))
         params = dict(w.get("rayStartParams") or {})
         if logical_gpus > 0:

@@ -432,6 +432,36 @@ capabilities:
 {{- end -}}
 
 {{/*
+A group's sidecarContainers split into Kubernetes native sidecars (restartPolicy: Always: init containers that keep
+running, started -- startupProbe passed -- before the main containers) and ordinary ones (more containers).
+JSON {"native": [...], "plain": [...]}. dapo.k8s.pods.split_sidecars is the twin.
+*/}}
+{{- define "dapo.splitSidecars" -}}
+{{- $native := list -}}
+{{- $plain := list -}}
+{{- range $c := . | default list -}}
+{{- if eq (toString $c.restartPolicy) "Always" -}}
+{{- $native = append $native $c -}}
+{{- else -}}
+{{- $plain = append $plain $c -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (dict "native" $native "plain" $plain) -}}
+{{- end -}}
+
+{{/*
+fabric.ncclEnvProfile: the shell text a Ray worker container runs before KubeRay's `ulimit ...; ray start ...` (KubeRay
+v1.7 BuildPod: "<container args> && <generated command>"), so that every Ray process of the pod inherits the
+variables of the NCCL plugin installer's profile; a missing profile ends the container. Empty without a profile.
+dapo.k8s.pods.env_profile_command is the twin.
+*/}}
+{{- define "dapo.envProfileCommand" -}}
+{{- with .Values.fabric.ncclEnvProfile -}}
+if [ -r "{{ . }}" ]; then . "{{ . }}"; echo "dapo: sourced {{ . }} (fabric.ncclEnvProfile)"; else echo "dapo: fabric.ncclEnvProfile {{ . }} does not exist on this node: the NCCL plugin installer DaemonSet has not installed it (docs/deploy.md, The fabric)" >&2; exit 1; fi
+{{- end -}}
+{{- end -}}
+
+{{/*
 Volumes of a Ray pod. Usage: include "dapo.volumes" (dict "root" $ "shm" "16Gi" "presets" true "hfToken" false
 "extra" $list)
 */}}
@@ -733,9 +763,16 @@ spec:
           affinity:
             {{- toYaml . | nindent 12 }}
           {{- end }}
-          {{- with (include "dapo.headInitContainers" (dict "root" $root "image" .image) | trim) }}
+          {{- $headSidecars := include "dapo.splitSidecars" $v.head.sidecarContainers | fromJson }}
+          {{- $headInit := include "dapo.headInitContainers" (dict "root" $root "image" .image) | trim }}
+          {{- if or $headSidecars.native $headInit }}
           initContainers:
+            {{- with $headSidecars.native }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+            {{- with $headInit }}
             {{- . | nindent 12 }}
+            {{- end }}
           {{- end }}
           containers:
             - name: ray-head
@@ -757,7 +794,7 @@ spec:
               volumeMounts:
                 {{- include "dapo.volumeMounts" (dict "root" $root "presets" .presets "extra" $v.head.extraVolumeMounts) | nindent 16 }}
               {{- include "dapo.rayContainerCommon" (dict "root" $root "gpuCheck" false) | nindent 14 }}
-            {{- with $v.head.sidecarContainers }}
+            {{- with $headSidecars.plain }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
           volumes:
@@ -814,10 +851,19 @@ spec:
             affinity:
               {{- toYaml . | nindent 14 }}
             {{- end }}
+            {{- $workerSidecars := include "dapo.splitSidecars" $v.worker.sidecarContainers | fromJson }}
+            {{- with $workerSidecars.native }}
+            initContainers:
+              {{- toYaml . | nindent 14 }}
+            {{- end }}
             containers:
               - name: ray-worker
                 image: {{ .image }}
                 imagePullPolicy: {{ $v.image.pullPolicy }}
+                {{- with (include "dapo.envProfileCommand" $root) }}
+                args:
+                  - {{ . | quote }}
+                {{- end }}
                 env:
                   {{- include "dapo.env" (dict "root" $root "head" false "kind" .kind) | nindent 18 }}
                 {{- $res := deepCopy $v.worker.resources -}}
@@ -836,7 +882,7 @@ spec:
                 volumeMounts:
                   {{- include "dapo.volumeMounts" (dict "root" $root "presets" .presets "hfToken" (include "dapo.hfTokenHere" (dict "root" $root "head" false "kind" .kind)) "extra" $v.worker.extraVolumeMounts) | nindent 18 }}
                 {{- include "dapo.rayContainerCommon" (dict "root" $root "gpuCheck" (gt (int .gpus) 0)) | nindent 16 }}
-              {{- with $v.worker.sidecarContainers }}
+              {{- with $workerSidecars.plain }}
               {{- toYaml . | nindent 14 }}
               {{- end }}
             volumes:
