@@ -121,6 +121,7 @@ def pod_security_profile(v: dict[str, Any]) -> tuple[str, list[str]]:
     ctr = v.get("securityContext") or {}
     if str(ctr.get("runAsUser")) == "0" or ctr.get("runAsNonRoot") is False:
         baseline.append("securityContext runs the Ray containers as root")
+    baseline += _root_sidecars(v)
     if v["storage"]["fixOwnership"]["enabled"]:
         baseline.append("storage.fixOwnership (an init container runs as root with CHOWN, DAC_OVERRIDE, FOWNER)")
     modes = {v[k]["submissionMode"] for k in ("train", "eval") if v[k]["enabled"]}
@@ -148,6 +149,18 @@ def _extra_pod_parts(v: dict[str, Any]) -> list[str]:
             added = {str(x).removeprefix("CAP_") for x in (sc.get("capabilities") or {}).get("add") or []}
             if sc.get("privileged") or added - BASELINE_CAPABILITIES:
                 out.append(f"{role}.sidecarContainers {c.get('name')} (privileged or capabilities beyond baseline)")
+    return out
+
+
+def _root_sidecars(v: dict[str, Any]) -> list[str]:
+    """Sidecars that run as root in their own securityContext (restricted refuses them, baseline allows them): the
+    GKE fabric daemons, which Google's manifests run as root while the Ray container stays uid 1000."""
+    out = []
+    for role in ("head", "worker"):
+        for c in v[role].get("sidecarContainers") or []:
+            sc = c.get("securityContext") or {}
+            if str(sc.get("runAsUser")) == "0" or sc.get("runAsNonRoot") is False:
+                out.append(f"{role}.sidecarContainers {c.get('name')} (runs as root)")
     return out
 
 

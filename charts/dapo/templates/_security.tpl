@@ -69,6 +69,15 @@ The Pod Security Standard level the namespace needs for these values, and why (J
 {{- if or (eq (toString $ctr.runAsUser) "0") (and (hasKey $ctr "runAsNonRoot") (eq (toString $ctr.runAsNonRoot) "false")) -}}
 {{- $baseline = append $baseline "securityContext runs the Ray containers as root" -}}
 {{- end -}}
+{{- /* sidecars that run as root in their own securityContext (dapo.k8s.security._root_sidecars) */ -}}
+{{- range $role := list "head" "worker" -}}
+{{- range $c := (index $v $role).sidecarContainers | default list -}}
+{{- $sc := $c.securityContext | default dict -}}
+{{- if or (eq (toString $sc.runAsUser) "0") (and (hasKey $sc "runAsNonRoot") (eq (toString $sc.runAsNonRoot) "false")) -}}
+{{- $baseline = append $baseline (printf "%s.sidecarContainers %s (runs as root)" $role $c.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if $v.storage.fixOwnership.enabled -}}
 {{- $baseline = append $baseline "storage.fixOwnership (an init container runs as root with CHOWN, DAC_OVERRIDE, FOWNER)" -}}
 {{- end -}}
