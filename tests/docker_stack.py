@@ -31,10 +31,12 @@ REPRO_ARGS = DOCKER / "repro.args"
 VALUES = ROOT / "charts" / "dapo" / "values.yaml"
 REFERENCE_VERL_COMMIT = "4f80e465c2ec79ab9c3c30ec74b9745de61d0490"
 
-# stack -> (Dockerfile, build arguments (None: read docker/repro.args), constraints file, lock name)
+EFA_ARGS = DOCKER / "efa.args"
+# stack -> (Dockerfile, build arguments (None: read docker/repro.args; a path: read that file), constraints file, lock)
 STACKS = {
     "train": (TRAIN, {}, DOCKER / "constraints.txt", "train"),
     "train-repro": (TRAIN, None, DOCKER / "constraints-repro.txt", "repro"),  # build args from docker/repro.args
+    "train-efa": (TRAIN, EFA_ARGS, DOCKER / "constraints.txt", "train"),  # the EFA variant: the same lock
     "eval": (EVAL, {}, DOCKER / "constraints-eval.txt", "eval"),
 }
 LOCK_DIR = DOCKER / "locks"
@@ -387,6 +389,8 @@ def apt_installs(df: Dockerfile) -> list[tuple[Instruction, list[str], list[str]
 
 def stack_args(stack: str) -> dict[str, str]:
     args = STACKS[stack][1]
+    if isinstance(args, Path):
+        return read_args_file(args)
     return read_args_file(REPRO_ARGS) if args is None else args
 
 

@@ -135,6 +135,19 @@ def generate_ray_start_command(head: bool, params: dict[str, str], resources: di
     return ("ray start --head " if head else "ray start ") + convert_param_map(params)
 
 
+def ray_container_command(container: dict[str, Any], ray_start: str) -> tuple[list[str], list[str]]:
+    """BuildPod's command of the Ray container (common/pod.go, KubeRay v1.7): unless the container's own command and
+    args already hold `ray start`, the command becomes `/bin/bash -c --` and the args one string, `<command and args
+    as convertCmdToString joins them> && ulimit -n ${RAY_START_ULIMIT_OPEN_FILES:-65536}; <ray start ...>` (without
+    a command and args: the generated part alone)."""
+    cmd = "".join(f" {c} " for c in (container.get("command") or []))
+    cmd += "".join(f" {a} " for a in (container.get("args") or []))
+    if "ray start" in cmd:
+        return list(container.get("command") or []), list(container.get("args") or [])
+    generated = f"ulimit -n ${{RAY_START_ULIMIT_OPEN_FILES:-65536}}; {ray_start}"
+    return ["/bin/bash", "-c", "--"], [f"{cmd} && {generated}" if cmd else generated]
+
+
 def convert_param_map(params: dict[str, str]) -> str:
     """convertParamMap: sorted keys; "true" is a bare switch and "false" is dropped, but for the flags that take an
     explicit boolean; everything else is ` --key=value `."""

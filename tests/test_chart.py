@@ -187,9 +187,12 @@ def test_chart_pins_the_same_image_and_ray_version_as_dapo_k8s():
     assert values["image"]["tag"] == versions.IMAGE_TAG
     assert values["rayVersion"] == versions.RAY_VERSION
     assert values["eval"]["image"] == {"repository": versions.EVAL_IMAGE_REPOSITORY, "tag": versions.EVAL_IMAGE_TAG}
-    # and no values file repeats the pins (one place)
+    # and no values file repeats the pins (one place); the EKS file names the EFA variant of the same image, whose
+    # tag `make images EFA=1` derives from the pin (tests/test_docker.py runs that build)
     for f in VALUES_DIR.glob("*.yaml"):
         v = yaml.safe_load(f.read_text()) or {}
+        if f.name == "eks-p5.yaml":
+            assert v.pop("image") == {"tag": f"{versions.IMAGE_TAG}-efa"}, f
         assert "image" not in v and "rayVersion" not in v, f
 
 

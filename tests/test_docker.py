@@ -9,8 +9,10 @@ inputs (offline) and against a fresh resolution on the registry.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import re
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -23,6 +25,7 @@ from packaging.utils import canonicalize_name
 
 from docker_stack import (
     DOCKER,
+    EFA_ARGS,
     EVAL,
     REFERENCE_VERL_COMMIT,
     REPRO_ARGS,
@@ -50,8 +53,8 @@ from docker_stack import (
 # security update; their versions are fixed by the pinned base image tag and recorded in /opt/dapo/dpkg.txt of each
 # image. Only these names may be installed that way; anything else needs `pkg=version`.
 APT_UNPINNED_BY_POLICY = {"ca-certificates", "git", "wget",
-                          # rdma-core userspace for NCCL over InfiniBand / RoCE; hwloc headers for aws-ofi-nccl (EFA)
-                          "ibverbs-providers", "ibverbs-utils", "libibverbs1", "librdmacm1", "libhwloc-dev"}
+                          # rdma-core userspace for NCCL over InfiniBand / RoCE; gnupg to verify the AWS EFA installer
+                          "ibverbs-providers", "ibverbs-utils", "libibverbs1", "librdmacm1", "gnupg"}
 APT_PYTHON = re.compile(r"^python3\.\d+(-dev|-venv)?$")
 
 
@@ -290,7 +293,7 @@ def test_training_verl_pin_matches_pyproject_verl_extra():
 
 
 # which extras of our package each image holds (the lock resolves pyproject.toml with them)
-IMAGE_EXTRAS = {"train": {"verl"}, "eval": {"eval"}, "train-repro": set()}
+IMAGE_EXTRAS = {"train": {"verl"}, "train-efa": {"verl"}, "eval": {"eval"}, "train-repro": set()}
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
@@ -565,23 +568,132 @@ def test_training_runtime_ships_the_rdma_userspace_nccl_dlopens():
         assert {"libibverbs1", "ibverbs-providers", "librdmacm1"} <= runtime_apt, stack
 
 
-def test_efa_args_name_the_dockerfile_build_arguments_of_both_stages():
-    args = read_args_file(DOCKER / "efa.args")
-    assert set(args) == {"EFA_INSTALLER_VERSION", "EFA_INSTALLER_SHA256", "AWS_OFI_NCCL_VERSION", "AWS_OFI_NCCL_SHA256"}
+def test_efa_args_name_runtime_build_arguments_and_the_bundled_plugin_path():
+    """The EFA variant: the AWS EFA installer alone (it bundles aws-ofi-nccl), verified by its GPG signature; no
+    separate plugin build, no empty checksum; NCCL finds the bundled plugin through LD_LIBRARY_PATH."""
+    args = read_args_file(EFA_ARGS)
+    assert set(args) == {"EFA_INSTALLER_VERSION", "EFA_INSTALLER_GPG_FINGERPRINT"}, sorted(args)
+    assert all(args.values()), "docker/efa.args: an empty value"
+    assert re.fullmatch(r"[0-9A-F]{40}", args["EFA_INSTALLER_GPG_FINGERPRINT"])
+    df = stack_dockerfile("train-efa")
+    runtime = df.arg_values[df.final_stage]
+    for key in (*args, "EFA_INSTALLER_SHA256"):
+        assert key in runtime, f"docker/Dockerfile's runtime stage does not declare ARG {key}"
+    assert not any("EFA" in k for k in df.arg_values["builder"]), "the builder stage builds no EFA part any more"
     text = TRAIN.read_text()
-    for key in args:
-        assert f"ARG {key}=" in text, key
-    assert text.count('ARG EFA_INSTALLER_VERSION=""') == 2  # builder (plugin build) and runtime (libfabric)
-    assert "LD_LIBRARY_PATH=/opt/aws-ofi-nccl/lib:/opt/amazon/efa/lib" in text
+    assert "AWS_OFI_NCCL" not in text and "/opt/aws-ofi-nccl" not in text
+    run = next(ins for ins in df.instructions if ins.kind == "RUN" and "install-efa.sh" in ins.value)
+    # the build arguments reach the script (the verification cannot be skipped by an argument that does not arrive)
+    want = f'install-efa.sh "{args["EFA_INSTALLER_VERSION"]}" "{args["EFA_INSTALLER_GPG_FINGERPRINT"]}"'
+    assert want in run.value and run.stage == df.final_stage, run.value
+    ld = re.findall(r"^ENV LD_LIBRARY_PATH=(\S+)", text, re.M)[-1].split(":")
+    assert {"/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib", "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"} <= set(ld)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["1.38.0", ""], "no SHA-256 given for https://efa-installer.amazonaws.com/aws-efa-installer-1.38.0.tar.gz"),
-    (["--ofi-nccl", "", "", "/tmp/x"], "AWS_OFI_NCCL_VERSION is required together with EFA_INSTALLER_VERSION"),
-    (["--ofi-nccl", "1.13.2", "", "/tmp/x"], "no SHA-256 given for https://github.com/aws/aws-ofi-nccl/releases/"),
-])
-def test_efa_install_script_refuses_a_download_without_its_checksum(argv, message):
-    """Nothing is fetched: the script stops before wget when the checksum build argument is empty."""
-    out = subprocess.run(["/bin/sh", str(DOCKER / "install-efa.sh"), *argv], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin"})
-    assert out.returncode == 2 and message in out.stderr, out.stderr
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory):
+    """A throwaway OpenPGP key pair (AWS's stand-in), a second one, a fake installer tarball and the first key's
+    detached signature of it: what the build downloads, made here."""
+    if not shutil.which("gpg"):
+        pytest.skip("gpg is not installed on this machine")
+    d = tmp_path_factory.mktemp("efa")
+    out = {}
+    for name in ("aws", "other"):
+        home = d / f"gnupg-{name}"
+        home.mkdir(mode=0o700)
+        run = lambda *a, h=home: subprocess.run(["gpg", "--homedir", str(h), "--batch", *a], check=True,
+                                                capture_output=True, text=True)
+        run("--passphrase", "", "--quick-gen-key", f"{name} <{name}@example.com>", "rsa2048", "sign", "never")
+        fpr = next(ln.split(":")[9] for ln in run("--with-colons", "--fingerprint").stdout.splitlines()
+                   if ln.startswith("fpr:"))
+        (d / f"{name}.key").write_text(run("--armor", "--export").stdout)
+        out[name] = (home, fpr, run)
+    tarball = d / "aws-efa-installer-9.9.9.tar.gz"
+    tarball.write_bytes(b"not really an installer\n" * 100)
+    out["aws"][2]("--output", str(d / "good.sig"), "--detach-sign", str(tarball))
+    out["other"][2]("--output", str(d / "other.sig"), "--detach-sign", str(tarball))
+    return d, tarball, out["aws"][1], out["other"][1]
+
+
+def _verify(*argv):
+    return subprocess.run(["/bin/sh", str(DOCKER / "install-efa.sh"), "--verify", *map(str, argv)],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+
+
+def test_efa_installer_verification_passes_only_for_aws_key_and_signature_and_fails_closed_otherwise(signed, tmp_path):
+    """The script's own verification step on a fake tarball: it passes for the published key's good signature (and
+    a matching SHA-256), and exits 2 -- nothing installed -- on a wrong fingerprint, another key's signature, a
+    changed tarball, a wrong SHA-256, a missing signature or a key file that is no key."""
+    d, tarball, fpr, other = signed
+    sha = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    ok = _verify(tarball, d / "good.sig", d / "aws.key", fpr)
+    assert ok.returncode == 0 and "verified (GPG signature by" in ok.stdout, ok.stderr
+    spaced = " ".join(fpr[i:i + 4] for i in range(0, 40, 4)).lower()  # as the user guide prints it
+    assert _verify(tarball, d / "good.sig", d / "aws.key", spaced, sha).returncode == 0
+    changed = tmp_path / tarball.name
+    changed.write_bytes(tarball.read_bytes() + b"x")
+    for argv, message in [
+        ((tarball, d / "good.sig", d / "aws.key", other), "is not the one AWS publishes"),
+        ((tarball, d / "other.sig", d / "aws.key", fpr), "is not a good signature"),
+        ((tarball, d / "good.sig", d / "other.key", fpr), "is not the one AWS publishes"),
+        ((changed, d / "good.sig", d / "aws.key", fpr), "is not a good signature"),
+        ((tarball, d / "good.sig", d / "aws.key", fpr, "0" * 64), "SHA-256 of"),
+        ((tarball, tmp_path / "missing.sig", d / "aws.key", fpr), "missing.sig is missing or empty"),
+        ((tarball, d / "good.sig", tarball, fpr), "is not an OpenPGP public key"),
+        ((tarball, d / "good.sig", d / "aws.key", ""), "no GPG fingerprint given"),
+    ]:
+        out = _verify(*argv)
+        assert out.returncode == 2 and message in out.stderr, (argv, out.stdout, out.stderr)
+
+
+def test_efa_install_downloads_verify_before_anything_is_installed(signed, tmp_path):
+    """The whole install step as the Dockerfile runs it, with stand-ins for the network and apt (a `wget` that serves
+    the fake files, an `apt-get` and installer that record being run): with a tampered download it stops at the
+    verification, exit 2, and neither apt nor the installer ran."""
+    d, tarball, fpr, _ = signed
+    bin_dir, log = tmp_path / "bin", tmp_path / "ran"
+    bin_dir.mkdir()
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "aws-efa-installer-9.9.9.tar.gz").write_bytes(tarball.read_bytes() + b"tampered")
+    (served / "aws-efa-installer-9.9.9.tar.gz.sig").write_bytes((d / "good.sig").read_bytes())
+    (served / "aws-efa-installer.key").write_bytes((d / "aws.key").read_bytes())
+    (bin_dir / "wget").write_text(f'#!/bin/sh\necho "wget $*" >> {log}\ncp "{served}/$(basename "$4")" "$3"\n')
+    (bin_dir / "apt-get").write_text(f'#!/bin/sh\necho "apt-get $*" >> {log}\n')
+    for f in ("wget", "apt-get"):
+        (bin_dir / f).chmod(0o755)
+    out = subprocess.run(["/bin/sh", str(DOCKER / "install-efa.sh"), "9.9.9", fpr], capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert out.returncode == 2 and "is not a good signature" in out.stderr, out.stderr
+    ran = log.read_text()
+    assert "https://efa-installer.amazonaws.com/aws-efa-installer-9.9.9.tar.gz.sig" in ran
+    assert "https://efa-installer.amazonaws.com/aws-efa-installer.key" in ran and "apt-get" not in ran
+    no_fpr = subprocess.run(["/bin/sh", str(DOCKER / "install-efa.sh"), "9.9.9", ""], capture_output=True, text=True,
+                            env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert no_fpr.returncode == 2 and "not installed unverified" in no_fpr.stderr
+
+
+def test_make_images_efa_builds_and_pushes_the_efa_variant_under_the_tag_eks_values_run(tmp_path):
+    """`make images REGISTRY=... EFA=1` (the recording docker of the README's step): the EFA training image from the
+    same Dockerfile and lock with docker/efa.args, tagged as values/eks-p5.yaml's image.tag, and the evaluation
+    image; IMAGE_STACK=repro with EFA=1 is refused."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "argv"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done >> {log}\necho END >> {log}\n')
+    (bin_dir / "docker").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    out = subprocess.run(["make", "--no-print-directory", "images", "REGISTRY=reg.example.com/ml", "EFA=1"],
+                         env=env, capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    train, ev = [c.strip("\n").splitlines() for c in log.read_text().split("END\n") if c.strip()]
+    eks_tag = yaml.safe_load((ROOT / "values" / "eks-p5.yaml").read_text())["image"]["tag"]
+    assert eks_tag == f"{default_image_tag()}-efa"
+    assert train[train.index("--tag") + 1] == f"reg.example.com/ml/dapo:{eks_tag}" and "--push" in train
+    passed = [train[i + 1] for i, a in enumerate(train) if a == "--build-arg"]
+    for key, value in read_args_file(EFA_ARGS).items():
+        assert f"{key}={value}" in passed
+    assert not any(p.startswith("LOCK=") for p in passed), "the same lock as the plain training image"
+    assert ev[ev.index("--tag") + 1] == f"reg.example.com/ml/dapo-eval:{makefile_var('EVAL_IMAGE_TAG')}"
+    assert f"-f values/eks-p5.yaml (its image.tag is {eks_tag})" in out
+    refused = subprocess.run(["make", "image", "IMAGE_STACK=repro", "EFA=1"], env=env, capture_output=True,
+                             text=True, cwd=ROOT)
+    assert refused.returncode == 2 and "EFA=1 builds the current stack" in refused.stderr

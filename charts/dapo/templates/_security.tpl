@@ -23,10 +23,33 @@ the NetworkPolicy is networkpolicy.yaml, authOptions and the securityContexts ar
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- include "dapo.checkOpenRay" . -}}
 {{- $pod := $v.podSecurityContext | default dict -}}
 {{- $ctr := $v.securityContext | default dict -}}
 {{- if and (eq (toString $ctr.runAsUser) "0") $pod.runAsNonRoot (not (and (hasKey $ctr "runAsNonRoot") (eq (toString $ctr.runAsNonRoot) "false"))) -}}
 {{- fail "securityContext.runAsUser: 0 under podSecurityContext.runAsNonRoot: true: the kubelet refuses to start the Ray containers; also set securityContext.runAsNonRoot: false (the namespace then needs the privileged Pod Security profile)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Token auth off leaves the NetworkPolicy as the Ray head's only fence: refused without it (networkPolicy off, or
+hostNetwork, where no NetworkPolicy applies). dapo.k8s.security.check_open_ray is the twin.
+*/}}
+{{- define "dapo.checkOpenRay" -}}
+{{- $v := .Values -}}
+{{- if not $v.rayAuth.enabled -}}
+{{- $key := "" -}}
+{{- $where := "" -}}
+{{- if not $v.networkPolicy.enabled -}}
+{{- $key = "networkPolicy.enabled" -}}
+{{- $where = "false together with rayAuth.enabled: false leaves the Ray head open" -}}
+{{- else if $v.hostNetwork -}}
+{{- $key = "hostNetwork" -}}
+{{- $where = "true together with rayAuth.enabled: false leaves the Ray head open on the node's address, where no NetworkPolicy applies" -}}
+{{- end -}}
+{{- if $key -}}
+{{- fail (printf "%s: %s: whoever reaches its dashboard (8265) submits code that runs with this run's tokens and checkpoints (CVE-2023-48022, \"ShadowRay\"). Turn token authentication on (rayAuth.enabled: true, Ray >= 2.52) or keep the NetworkPolicy as the fence: networkPolicy.enabled: true and no hostNetwork (values/reference.yaml, whose Ray 2.43 has no token authentication, does)" $key $where) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -68,6 +91,15 @@ The Pod Security Standard level the namespace needs for these values, and why (J
 {{- $ctr := $v.securityContext | default dict -}}
 {{- if or (eq (toString $ctr.runAsUser) "0") (and (hasKey $ctr "runAsNonRoot") (eq (toString $ctr.runAsNonRoot) "false")) -}}
 {{- $baseline = append $baseline "securityContext runs the Ray containers as root" -}}
+{{- end -}}
+{{- /* sidecars that run as root in their own securityContext (dapo.k8s.security._root_sidecars) */ -}}
+{{- range $role := list "head" "worker" -}}
+{{- range $c := (index $v $role).sidecarContainers | default list -}}
+{{- $sc := $c.securityContext | default dict -}}
+{{- if or (eq (toString $sc.runAsUser) "0") (and (hasKey $sc "runAsNonRoot") (eq (toString $sc.runAsNonRoot) "false")) -}}
+{{- $baseline = append $baseline (printf "%s.sidecarContainers %s (runs as root)" $role $c.name) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if $v.storage.fixOwnership.enabled -}}
 {{- $baseline = append $baseline "storage.fixOwnership (an init container runs as root with CHOWN, DAC_OVERRIDE, FOWNER)" -}}
