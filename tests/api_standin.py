@@ -42,6 +42,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "LocalQueue": ("/apis/kueue.x-k8s.io/v1beta2", "localqueues", True),
     "ClusterQueue": ("/apis/kueue.x-k8s.io/v1beta2", "clusterqueues", False),
     "NodePool": ("/apis/karpenter.sh/v1", "nodepools", False),
+    "Network": ("/apis/networking.gke.io/v1", "networks", False),
 }
 PLURALS = {plural: kind for kind, (_, plural, _) in KINDS.items()}
 

@@ -306,3 +306,30 @@ def test_an_unreachable_api_server_or_refused_values_exit_2(cluster, tmp_path, c
     cluster.close()
     assert main(argv) == 2
     assert "cannot be reached" in capsys.readouterr().err
+
+
+def test_gke_multi_networks_the_pods_name_must_exist(tmp_path):
+    """values/gke-a3-mega.yaml's workers name eight GKE networks (networking.gke.io/interfaces): each a Network
+    object (networking.gke.io/v1) of the cluster, else the pods never start."""
+    from dapo.k8s import load_values, render_objects
+    from dapo.k8s.doctor import Cluster, Doctor
+    from dapo.k8s.doctor_checks import fabric
+    from k8s_support import STAND_IN
+
+    files = [VALUES_DIR / f for f in ("smoke.yaml", "smoke-2node.yaml", "gke-a3-mega.yaml")]
+    values = load_values(CHART_DIR, files, extra=STAND_IN)
+    objects = render_objects(CHART_DIR, files, extra=STAND_IN, release="dapo-smoke", namespace="ml")
+    api = StandInApi([{"apiVersion": "networking.gke.io/v1", "kind": "Network", "metadata": {"name": f"vpc{i}"},
+                       "spec": {"type": "Device", "parametersRef": {"group": "networking.gke.io",
+                                                                    "kind": "GKENetworkParamSet", "name": f"vpc{i}"}}}
+                      for i in range(1, 9)])
+    try:
+        config = api.kubeconfig(tmp_path, namespace="ml")
+        rows = fabric(Doctor(values, objects, "ml", Cluster(str(config))))
+        assert [(r.verdict, r.found) for r in rows] == [("ok", "GKE networks vpc1, vpc2, vpc3, vpc4, vpc5, vpc6, "
+                                                               "vpc7, vpc8 exist")]
+        api.remove("Network", "vpc5")
+        (row,) = fabric(Doctor(values, objects, "ml", Cluster(str(config))))
+        assert (row.verdict, row.found) == ("FAIL", "GKE networks missing: vpc5") and "GKENetworkParamSet" in row.fix
+    finally:
+        api.close()
