@@ -169,6 +169,7 @@ def _older_operator(api):
     api.put(rayjob_crd("v1.4.2"))
     dep = api.store[("/apis/apps/v1", "deployments", "kuberay-system")]["kuberay-operator"]
     dep["metadata"]["labels"]["app.kubernetes.io/version"] = "1.4.2"
+    dep["spec"]["template"]["spec"]["containers"][0]["image"] = "quay.io/kuberay/operator:v1.4.2"
 
 
 def _busy_gpus(api):
