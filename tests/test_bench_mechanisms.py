@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dapo.bench.mech_report import effect
-from dapo.bench.mechanisms import (HEADLINE, MECHANISMS, RUNGS, cmd_mechanisms, heldout_seeds, planned_runs,
-                                   run_overrides)
+from dapo.bench.mechanisms import (HEADLINE, HELDOUT_SEEDS, MECHANISMS, RUNGS, SEEDS, cmd_mechanisms, heldout_seeds,
+                                   planned_runs, run_overrides)
 from dapo.bench.precondition import THRESHOLDS, clip_preconditions, rollout_preconditions, verdicts
 from dapo.config import load_preset
 
@@ -62,6 +62,9 @@ def test_heldout_seeds_come_from_the_commit_hash_and_never_repeat_the_preregiste
     assert all(s >= 100 for s in seeds)
     with pytest.raises(ValueError, match="commit hash"):
         heldout_seeds("main")
+    # the held-out seeds of the runs: from the commit that brought the pre-registration (docs/ablation.md)
+    assert list(HELDOUT_SEEDS) == heldout_seeds("f9cd3811561ea1bc9809c9ff50f198caefe48d2c")
+    assert not set(HELDOUT_SEEDS) & set(SEEDS)
 
 
 def test_preconditions_from_one_scored_rollout():
