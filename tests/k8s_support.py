@@ -66,8 +66,9 @@ def chart():
 
 
 def on_stand_in(values: dict[str, Any]) -> dict[str, Any]:
-    """STAND_IN with these values over it (a copy)."""
-    return _merge(copy.deepcopy(STAND_IN), copy.deepcopy(values))
+    """STAND_IN with these values over it (a copy), and its fabric where the run needs one."""
+    out = _merge(copy.deepcopy(STAND_IN), copy.deepcopy(values))
+    return _merge(out, stand_in_fabric(values=out))
 
 
 def user_values(files: list[Path] | tuple[Path, ...], extra: dict[str, Any] | None = None, *,
