@@ -266,7 +266,7 @@ class PodTemplates(ChartContext):
                 {"name": "gcs-server", "containerPort": 6379},
                 {"name": "dashboard", "containerPort": 8265},
                 {"name": "client", "containerPort": 10001},
-                {"name": "serve", "containerPort": 8000},
+                # no serve port: the evaluation's Serve proxy listens on the head's loopback (dapo.eval.serve)
             ],
             "env": self.env(head=True, kind=kind),
             "resources": copy.deepcopy(h["resources"]),

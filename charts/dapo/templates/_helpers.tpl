@@ -785,8 +785,7 @@ spec:
                   containerPort: 8265
                 - name: client
                   containerPort: 10001
-                - name: serve
-                  containerPort: 8000
+                # no serve port: the evaluation's Serve proxy listens on the head's loopback (dapo.eval.serve)
               env:
                 {{- include "dapo.env" (dict "root" $root "head" true "kind" .kind) | nindent 16 }}
               resources:
