@@ -52,11 +52,14 @@ def test_the_render_line_renders_what_the_install_line_installs_and_names_early_
 
     head = " ".join("\n".join(README.splitlines()[:FIRST_SCREEN]).split())
     install = re.search(r"helm upgrade --install dapo charts/dapo -n (\S+) -f values/(\w+)\.yaml(.*?)#", head, re.S)
-    render = re.search(r"`python scripts/render.py --preset (\w+) -n (\S+)` with the same (\w+) `--set` items", head)
+    render = re.search(r"`python scripts/render.py --preset (\w+) -n (\S+)` with the same (?:`(-f [^`]+)` and )?(\w+) "
+                       r"`--set` items", head)
     assert install and render, head
     assert (render.group(1), render.group(2)) == (install.group(2), install.group(1))
+    files = re.findall(r"-f \S+", install.group(3))  # the install's other values files (the cloud's fabric)
+    assert files == ([render.group(3)] if render.group(3) else []), (files, render.group(3))
     sets = re.findall(r"--set ", install.group(3))
-    assert render.group(3) == {2: "two", 3: "three", 4: "four"}[len(sets)]
+    assert render.group(4) == {2: "two", 3: "three", 4: "four"}[len(sets)]
     plan = yaml.safe_load((ROOT / "charts" / "dapo" / "files" / "requirements.yaml").read_text())["presets"]["early"]
     assert (f"`--preset early` is the AIME-44 recipe, {plan['plan']['rolloutSteps']:,} rollout steps "
             f"(~{round(plan['plan']['gpuHours'], -3):,} GPU-hours in `dapo plan`)") in head
