@@ -27,8 +27,8 @@ def test_the_cluster_path_gets_the_images_first_and_points_the_chart_at_them():
     at = [head.index(step) for step in steps]
     assert at == sorted(at), "the cluster path: images, operator, Secret, helm install, kubectl logs -f"
     install = head[at[3]:at[4]]
-    assert '--set image.repository="$REGISTRY/dapo"' in install
-    assert '--set eval.image.repository="$REGISTRY/dapo-eval"' in install
+    # the values file `make images` writes: both repositories and their digests (tests/test_docker.py)
+    assert "-f build/images/values.yaml" in install
 
 
 def test_the_readme_links_every_doc_and_every_link_resolves():

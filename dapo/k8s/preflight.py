@@ -28,8 +28,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from dapo.k8s.context import ChartContext
-from dapo.k8s.security import PREFLIGHT_SKIPS, RESTRICTED_CONTAINER, checkov_skips
+from dapo.k8s.context import ChartContext, image_ref
+from dapo.k8s.security import PREFLIGHT_SKIPS, RESTRICTED_CONTAINER, checkov_skips, tag_only
 
 PREFLIGHT_HOOK = {"helm.sh/hook": "pre-install", "helm.sh/hook-weight": "0",
                   "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
@@ -55,9 +55,7 @@ class PreflightJob(ChartContext):
         return [self.preflight_job()] if self.preflight_active else []
 
     def preflight_image(self) -> str:
-        v = self.v
-        img = v["train"]["reference"]["image"] if v["train"]["runner"] == "reference" else v["image"]
-        return f"{img['repository']}:{img['tag']}"
+        return image_ref(self.train_image())
 
     def storage_check_args(self) -> list[str]:
         """The storage check's command line: the floor and the numbers of the message from ``dapo plan``."""
@@ -121,7 +119,8 @@ class PreflightJob(ChartContext):
             pod["volumes"] = [self.preflight_volume()]
         meta = self.metadata(self.preflight_name, "preflight")
         fix = pf["storage"]["enabled"] and v["storage"]["fixOwnership"]["enabled"]
-        meta["annotations"] = {**PREFLIGHT_HOOK, **checkov_skips(PREFLIGHT_SKIPS + (FIX_SKIPS if fix else ()))}
+        meta["annotations"] = {**PREFLIGHT_HOOK, **checkov_skips(
+            PREFLIGHT_SKIPS + tag_only(self.train_image()) + (FIX_SKIPS if fix else ()))}
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {
             "backoffLimit": 0, "activeDeadlineSeconds": int(pf["activeDeadlineSeconds"]),
             "template": {"metadata": {"labels": self.selector_labels("preflight")}, "spec": pod}}}
