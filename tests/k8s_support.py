@@ -89,7 +89,8 @@ def helm_objects(values: dict[str, Any], *, release: str = "dapo", namespace: st
                 if strip:
                     for label in HELM_ONLY_LABELS:
                         obj["metadata"].get("labels", {}).pop(label, None)
-                pre = (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-install"
+                hook = (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") or ""
+                pre = "pre-install" in hook.split(",")
                 (pre_install if pre else out).append(obj)
     return pre_install + out  # Helm's install order: the pre-install hooks first
 
