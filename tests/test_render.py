@@ -127,7 +127,8 @@ def test_committed_rendered_manifests_are_up_to_date_and_namespace_free(tmp_path
         files, release = set_files(name)
         from dapo.k8s.values import coalesce, parse_set
 
-        cluster = coalesce({}, *[parse_set(x) for x in render_script().RENDER_CLUSTER])
+        sets = render_script().RENDER_CLUSTER + render_script().RENDER_FABRIC.get(name, ())
+        cluster = coalesce({}, *[parse_set(x) for x in sets])
         assert objects == python_objects(files, release=release, namespace=None, extra=cluster, stand_in=False)
 
 
@@ -152,8 +153,8 @@ def test_render_cli_preset_set_and_override(capsys):
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in worker["volumes"]
 
 
-# the stand-in cluster of k8s_support.STAND_IN, on render.py's command line
-CLUSTER = ["--set", "image.published=true", "--set", "storage.storageClassName=rwx-class"]
+# the stand-in cluster of k8s_support.STAND_IN, on render.py's command line (full's 16 nodes declare its fabric)
+CLUSTER = ["--set", "image.published=true", "--set", "storage.storageClassName=rwx-class", "--set", "fabric.expect=ib"]
 
 
 @pytest.mark.parametrize(
