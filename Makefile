@@ -104,8 +104,9 @@ render: setup
 bench: setup
 	$(VENV)/bin/python scripts/bench_core.py
 
-# DAPO's four mechanisms with / without on the tiny-mech task, 3 seeds (about an hour on 2 shared cores; cached runs
-# resume; see docs/ablation.md).
+# DAPO's four mechanisms, each with / without on its own task (tiny-clip, tiny-len, tiny-mech), and DAPO's steps to
+# a target against naive GRPO's; 3 pre-registered + 3 held-out seeds (hours on 2 shared cores; cached runs resume;
+# see docs/ablation.md).
 bench-mechanisms: setup
 	$(VENV)/bin/dapo bench mechanisms
 
