@@ -176,8 +176,9 @@ def _mean_sd(vals: list[float], spec: str = ".3f") -> str:
     v = [x for x in vals if x is not None]
     if not v:
         return "-"
-    sd = np.std(v, ddof=1) if len(v) > 1 else 0.0
-    return f"{format(float(np.mean(v)), spec)} ± {format(float(sd), spec)}"
+    if len(v) == 1:  # one seed has no spread: its value alone, not "± 0"
+        return f"{format(float(v[0]), spec)} (1 seed)"
+    return f"{format(float(np.mean(v)), spec)} ± {format(float(np.std(v, ddof=1)), spec)}"
 
 
 
