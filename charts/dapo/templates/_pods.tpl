@@ -469,17 +469,7 @@ The RayJob's one worker group: nodes replicas, logical GPUs on CPU (num-gpus, nu
   replicas: {{ .nodes | int }}
   minReplicas: {{ .nodes | int }}
   maxReplicas: {{ .nodes | int }}
-  {{- $params := deepCopy ($v.worker.rayStartParams | default dict) }}
-  {{- if gt (int (.logicalGpus | default 0)) 0 }}
-  {{- $_ := set $params "num-gpus" (toString (int .logicalGpus)) }}
-  {{- $_ := set $params "num-cpus" (toString (mul 8 (int .logicalGpus))) }}
-  {{- end }}
-  {{- with $params }}
-  rayStartParams:
-    {{- toYaml . | nindent 4 }}
-  {{- else }}
-  rayStartParams: {}
-  {{- end }}
+  {{- include "dapo.workerRayStartParams" . | nindent 2 }}
   template:
     metadata:
       labels:
@@ -527,6 +517,26 @@ The RayJob's one worker group: nodes replicas, logical GPUs on CPU (num-gpus, nu
         {{- end }}
       volumes:
         {{- include "dapo.volumes" (dict "root" $root "shm" $v.worker.shmSize "presets" .presets "hfToken" (include "dapo.hfTokenHere" (dict "root" $root "head" false "kind" .kind)) "extra" $v.worker.extraVolumes) | nindent 8 }}
+{{- end -}}
+
+{{/*
+The worker group's rayStartParams: worker.rayStartParams, with logicalGpus N > 0 (verl on CPU) num-gpus N and
+num-cpus 8 N (dapo.backends.verl.settings.CPU_RAY_CPUS_PER_GPU). Same arguments as dapo.rayJob.
+*/}}
+{{- define "dapo.workerRayStartParams" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- $params := deepCopy ($v.worker.rayStartParams | default dict) }}
+{{- if gt (int (.logicalGpus | default 0)) 0 }}
+{{- $_ := set $params "num-gpus" (toString (int .logicalGpus)) }}
+{{- $_ := set $params "num-cpus" (toString (mul 8 (int .logicalGpus))) }}
+{{- end }}
+{{- with $params -}}
+rayStartParams:
+  {{- toYaml . | nindent 2 }}
+{{- else -}}
+rayStartParams: {}
+{{- end }}
 {{- end -}}
 
 {{/*

@@ -74,22 +74,32 @@ spec:
   {{- if eq $job.submissionMode "K8sJobMode" }}
   {{- include "dapo.submitter" . | nindent 2 }}
   {{- end }}
-  rayClusterSpec:
-    rayVersion: {{ .rayVersion | default $v.rayVersion | quote }}
-    enableInTreeAutoscaling: false
-    {{- if $v.rayAuth.enabled }}
-    # KubeRay sets RAY_AUTH_MODE / RAY_AUTH_TOKEN on every Ray container and sends the token on HTTPMode requests
-    authOptions:
-      mode: token
-      {{- with $v.rayAuth.secretName }}
-      secretName: {{ . }}
-      {{- end }}
+  {{- include "dapo.rayClusterSpec" . | nindent 2 }}
+{{- end -}}
+
+{{/*
+The RayJob's rayClusterSpec: the Ray version, token authentication (KubeRay's authOptions), the head group and
+the worker group (_pods.tpl). Same arguments as dapo.rayJob.
+*/}}
+{{- define "dapo.rayClusterSpec" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+rayClusterSpec:
+  rayVersion: {{ .rayVersion | default $v.rayVersion | quote }}
+  enableInTreeAutoscaling: false
+  {{- if $v.rayAuth.enabled }}
+  # KubeRay sets RAY_AUTH_MODE / RAY_AUTH_TOKEN on every Ray container and sends the token on HTTPMode requests
+  authOptions:
+    mode: token
+    {{- with $v.rayAuth.secretName }}
+    secretName: {{ . }}
     {{- end }}
-    {{- include "dapo.headGroupSpec" . | nindent 4 }}
-    {{- if gt (int .nodes) 0 }}
-    workerGroupSpecs:
-      {{- include "dapo.workerGroupSpec" . | nindent 6 }}
-    {{- end }}
+  {{- end }}
+  {{- include "dapo.headGroupSpec" . | nindent 2 }}
+  {{- if gt (int .nodes) 0 }}
+  workerGroupSpecs:
+    {{- include "dapo.workerGroupSpec" . | nindent 4 }}
+  {{- end }}
 {{- end -}}
 
 {{/*
