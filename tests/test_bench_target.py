@@ -74,3 +74,15 @@ def test_a_seed_group_short_of_its_seeds_gets_its_ratio_but_no_verdict():
     g = hl["groups"]["pre"]
     assert g["seeds"] == [1, 2] and g["ratio"] < 0.5 and g["hi"] < 0.5
     assert g["verdict"] == "2 of 3 seeds, no verdict"
+
+
+def test_a_target_inside_the_validation_noise_gets_the_ratio_but_no_verdict():
+    """naive GRPO that barely moves (step-0 validations 0.005 apart, gain about as large) puts the target inside the
+    noise: the ratio is still reported, but the rule gives no verdict ("meets" / "misses") on an undecidable target."""
+    naive = {s: _curve([0.065 + 0.005 * (s % 2)] + [0.07] * 24) for s in (1, 2, 3)}
+    dapo = {s: _curve([0.065 + 0.005 * (s % 2)] + [0.30] * 24) for s in (1, 2, 3)}
+    hl = headline(dapo, naive, n_problems=128, total_steps=24, groups={"pre": [1, 2, 3]})
+    assert not hl["rule"]["decidable"]
+    g = hl["groups"]["pre"]
+    assert g["ratio"] == pytest.approx(np.mean(g["DAPO"]["steps"]) / np.mean(g["naive GRPO"]["steps"]))
+    assert g["verdict"] == "target not decidable (within validation noise), no verdict"

@@ -18,7 +18,8 @@ The rule, fixed before the runs (the constants below):
   (each rung's seeds resampled with replacement, :data:`N_BOOT` draws, numpy seed 0).
 - verdict against the paper's <= 0.5x: ``meets`` when the interval's upper end is <= 0.5; ``meets at the point
   estimate only`` when R <= 0.5 < upper end; otherwise ``misses by R - 0.5`` -- given only when every seed of the
-  group finished both runs; otherwise the ratio and its interval are reported as "n of N seeds, no verdict".
+  group finished both runs and the target is decidable; otherwise the ratio and its interval are reported with "n of
+  N seeds, no verdict" or "target not decidable (within validation noise), no verdict".
 
 Imports numpy only.
 """
@@ -126,8 +127,9 @@ def headline(dapo: dict[int, Curve], naive: dict[int, Curve], n_problems: int, t
         d = [total_steps + 1 if st is None else st for st in g["DAPO"]["steps"]]
         n = [total_steps + 1 if st is None else st for st in g["naive GRPO"]["steps"]]
         g["ratio"], g["lo"], g["hi"] = ratio_interval(d, n)
-        g["verdict"] = (ratio_verdict(g["ratio"], g["hi"]) if len(g["seeds"]) >= len(seeds) else
-                        f"{len(g['seeds'])} of {len(seeds)} seeds, no verdict")  # fmt: skip
+        g["verdict"] = (f"{len(g['seeds'])} of {len(seeds)} seeds, no verdict" if len(g["seeds"]) < len(seeds) else
+                        "target not decidable (within validation noise), no verdict" if not rule["decidable"] else
+                        ratio_verdict(g["ratio"], g["hi"]))  # fmt: skip
         xd = [x for x in g["DAPO"]["samples"] if x is not None]
         xn = [x for x in g["naive GRPO"]["samples"] if x]
         g["ratio_samples"] = float(np.mean(xd) / np.mean(xn)) if xd and xn else None  # over the seeds that reach it
