@@ -89,7 +89,8 @@ def helm_objects(values: dict[str, Any], *, release: str = "dapo", namespace: st
                 if strip:
                     for label in HELM_ONLY_LABELS:
                         obj["metadata"].get("labels", {}).pop(label, None)
-                pre = (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-install"
+                hook = (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") or ""
+                pre = "pre-install" in hook.split(",")
                 (pre_install if pre else out).append(obj)
     return pre_install + out  # Helm's install order: the pre-install hooks first
 
@@ -112,6 +113,12 @@ def python_objects(files, *, release: str = "dapo", namespace: str | None = "ml"
 
 def by_key(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def both_renderers(values: dict[str, Any], *, release: str = "dapo"):
+    """(Helm objects, render.py objects) by (kind, name), for chart values on top of the defaults."""
+    return (by_key(helm_objects(copy.deepcopy(values), release=release)),
+            by_key(python_objects([], release=release, extra=copy.deepcopy(values))))
 
 
 def pod_templates(rayjob: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -142,3 +149,93 @@ class JsonHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+# -- every value set, and the pods KubeRay builds from the rendered objects ----------------------------------------
+
+RWX = {"storage": {"storageClassName": "rwx-class"}}
+
+
+def value_sets() -> list[tuple[str, dict, str]]:
+    """(id, user values, release): every preset on its own, every values/ combination, every ci values file."""
+    cpu_image = {"image": {"repository": "registry.local/dapo-cpu"}}  # verl on CPU refuses the CUDA image
+    presets = sorted(p.stem for p in (CHART_DIR / "presets").glob("*.yaml") if not p.stem.startswith("_"))
+    out = [(f"preset-{p}", {**RWX, "preset": p, **(cpu_image if p.startswith("verl-") else {})}, "dapo")
+           for p in presets]
+    for name in sorted(render_script().RENDER_SETS):
+        files, release = set_files(name)
+        out.append((f"values-{name}", user_values(files), release))
+    out += [(f"ci-{f.stem}", yaml.safe_load(f.read_text()) or {}, "dapo")
+            for f in sorted((CHART_DIR / "ci").glob("*.yaml"))]
+    return out
+
+
+# KubeRay v1.7.0's label keys (ray-operator/controllers/ray/utils/constant.go)
+RAY_CLUSTER, RAY_NODE_TYPE, RAY_GROUP = "ray.io/cluster", "ray.io/node-type", "ray.io/group"
+ORIGIN_NAME, ORIGIN_CRD = "ray.io/originated-from-cr-name", "ray.io/originated-from-crd"
+
+
+def ray_pod_labels(template_labels: dict[str, str], cluster: str, node_type: str, group: str) -> dict[str, str]:
+    """KubeRay v1.7.0's labelPod (common/pod.go): its labels, the template's over them, except ray.io/node-type,
+    ray.io/group and ray.io/cluster, which the template cannot override."""
+    labels = {"ray.io/is-ray-node": "yes", RAY_CLUSTER: cluster, RAY_NODE_TYPE: node_type, RAY_GROUP: group,
+              "ray.io/identifier": f"{cluster}-{node_type}", "app.kubernetes.io/name": "kuberay",
+              "app.kubernetes.io/created-by": "kuberay-operator"}
+    for k, v in (template_labels or {}).items():
+        if k not in (RAY_NODE_TYPE, RAY_GROUP, RAY_CLUSTER):
+            labels[k] = v
+    return labels
+
+
+def kuberay_pods(rayjob, suffix: str = "x7k2q") -> list[tuple[str, dict]]:
+    """The pods KubeRay v1.7.0 creates from a RayJob, with their labels: the head (SidecarMode: plus its submitter
+    container, GetDefaultSubmitterContainer, no securityContext), each worker group (plus the `wait-gcs-ready` init
+    container with the Ray container's securityContext, common/pod.go), the K8sJobMode submitter Job's pod. The
+    RayCluster is named <RayJob>-<5 random characters> (utils.GenerateRayClusterName); the submitter template gets
+    ray.io/originated-from-cr-name / -crd and app.kubernetes.io/created-by (rayjob_controller.go
+    getSubmitterTemplate), its pod the Job controller's job-name labels (the Job is named after the RayJob)."""
+    spec, name = rayjob["spec"], rayjob["metadata"]["name"]
+    cluster_name = f"{name}-{suffix}"
+    cluster = spec["rayClusterSpec"]
+    head = copy.deepcopy(cluster["headGroupSpec"]["template"])
+    head.setdefault("metadata", {})["labels"] = ray_pod_labels(head["metadata"].get("labels"), cluster_name, "head",
+                                                               "headgroup")
+    if spec.get("submissionMode") == "SidecarMode":
+        head["spec"]["containers"].append({"name": "ray-job-submitter", "image": "x"})
+    out = [("head", head)]
+    for group in cluster.get("workerGroupSpecs", []):
+        worker = copy.deepcopy(group["template"])
+        worker.setdefault("metadata", {})["labels"] = ray_pod_labels(worker["metadata"].get("labels"), cluster_name,
+                                                                     "worker", group["groupName"])
+        ray = worker["spec"]["containers"][0]
+        wait = {"name": "wait-gcs-ready", "image": ray["image"]}
+        if "securityContext" in ray:
+            wait["securityContext"] = copy.deepcopy(ray["securityContext"])
+        worker["spec"]["initContainers"] = [wait] + worker["spec"].get("initContainers", [])
+        out.append((f"worker {group['groupName']}", worker))
+    if "submitterPodTemplate" in spec:
+        sub = copy.deepcopy(spec["submitterPodTemplate"])
+        sub.setdefault("metadata", {}).setdefault("labels", {}).update({
+            ORIGIN_NAME: name, ORIGIN_CRD: "RayJob", "app.kubernetes.io/created-by": "kuberay-operator",
+            "batch.kubernetes.io/job-name": name, "job-name": name})
+        out.append(("submitter", sub))
+    return out
+
+
+def rendered_pods(values, release, namespace: str = "ml") -> list[tuple[str, dict]]:
+    """(what, pod) of every pod the chart's objects lead to, as KubeRay and the Job controller create them, helm test
+    pods included."""
+    pods = []
+    for obj in helm_objects(values, release=release, namespace=namespace) + \
+            helm_objects(values, release=release, namespace=namespace, hooks=True):
+        name = f"{obj['kind']} {obj['metadata']['name']}"
+        if obj["kind"] == "RayJob":
+            pods += [(f"{name} {role}", t) for role, t in kuberay_pods(obj)]
+        elif obj["kind"] == "Job":
+            t = copy.deepcopy(obj["spec"]["template"])
+            t.setdefault("metadata", {}).setdefault("labels", {}).update(
+                {"batch.kubernetes.io/job-name": obj["metadata"]["name"], "job-name": obj["metadata"]["name"]})
+            pods.append((name, t))
+        elif obj["kind"] == "Pod":
+            pods.append((name, {"metadata": obj["metadata"], "spec": obj["spec"]}))
+    return pods

@@ -122,3 +122,29 @@ class ScriptedBackend(Backend):
             st = json.load(f)
         self.weights = st["weights"]
         self.rng.bit_generator.state = st["rng"]
+
+
+def assert_the_kept_best_has_the_best_validation(run_dir, save_freq: int, total_steps: int) -> tuple[int, float]:
+    """The run's kept "best" checkpoint (``checkpoints/best_checkpoint.json``, kept by retention) is the argmax of the
+    validation scores the run logged (``metrics.jsonl``, :func:`dapo.train.metrics.val_accuracy`) over the validated
+    steps that have a checkpoint (step >= 1 on the save cadence: every ``save_freq``-th and the last); on a tie the
+    earliest of them (the first to reach the score: a later equal score does not move the best). Returns that
+    (step, score)."""
+    from pathlib import Path
+
+    from dapo.train.checkpoint import best_record, best_step, checkpoint_root, complete_steps
+    from dapo.train.metrics import read_jsonl, val_accuracy
+
+    def saved(step: int) -> bool:
+        return step >= 1 and (step % save_freq == 0 or step == total_steps)
+
+    scores = {int(r["step"]): val_accuracy(r) for r in read_jsonl(Path(run_dir) / "metrics.jsonl")
+              if val_accuracy(r) is not None}
+    validated = sorted((s, v) for s, v in scores.items() if saved(s))
+    assert validated, f"{run_dir}: no validation of a saved step in metrics.jsonl: {scores}"
+    step, score = max(validated, key=lambda sv: (sv[1], -sv[0]))
+    root = checkpoint_root(run_dir)
+    assert best_step(root) == step, (f"kept best {best_record(root)}, the run's best validation: step {step} "
+                                     f"({score}) of {validated}")
+    assert abs(best_record(root)["score"] - score) < 1e-9 and step in complete_steps(root)
+    return step, score

@@ -52,6 +52,26 @@ def test_effect_size_is_in_seed_standard_deviations_with_the_documented_verdicts
     assert effect([0.1, 0.3, 0.5], [0.0, 0.2, 0.4], +1)["verdict"] == "same direction, within noise"
 
 
+def _with_d(d: float) -> list[float]:
+    """Seed values whose effect against [0, 1, 2] is exactly ``d`` (both seed sds 1, so the pooled sd is 1)."""
+    return [d, d + 1.0, d + 2.0]
+
+
+def test_the_verdict_threshold_is_two_seed_standard_deviations_on_both_sides():
+    """|d| >= 2 is "yes", below it "within noise", for either sign of the paper's effect: a threshold of 1 would turn
+    docs/ablation.md's d = -1.1 and +1.1 verdicts into "yes", and one of 3 would call d = 2.5 "within noise"."""
+    base = [0.0, 1.0, 2.0]
+    for d, sign, verdict in [
+        (1.5, +1, "same direction, within noise"), (1.1, +1, "same direction, within noise"),
+        (1.99, +1, "same direction, within noise"), (2.0, +1, "yes"), (2.5, +1, "yes"),
+        (-1.5, -1, "same direction, within noise"), (-1.1, -1, "same direction, within noise"),
+        (-2.0, -1, "yes"), (-2.5, -1, "yes"), (2.5, -1, "opposite"), (-2.5, +1, "opposite"),
+    ]:  # fmt: skip
+        e = effect(_with_d(d), base, sign)
+        assert abs(e["d"] - d) < 1e-12, (d, e["d"])
+        assert e["verdict"] == verdict, (d, sign, e["verdict"])
+
+
 SMALL = [
     "local.model.hidden_size=64", "local.model.num_hidden_layers=1", "local.model.num_attention_heads=2",
     "local.model.num_key_value_heads=2", "local.model.intermediate_size=128", "local.task.n_train=200",

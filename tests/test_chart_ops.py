@@ -252,13 +252,18 @@ def test_model_is_fetched_once_and_every_ray_pod_runs_offline():
     refused({**RWX, "env": {"HF_HUB_OFFLINE": "0"}}, "env.HF_HUB_OFFLINE: set by the chart")
 
 
-def test_evaluation_pods_do_not_require_a_wandb_key():
+def test_evaluation_pods_hold_no_wandb_key_unless_the_evaluation_logs_to_wandb():
     files, release = set_files("eval")
     job = by_key(python_objects(files, release=release))[("RayJob", "dapo-aime-eval")]
     assert user_values([VALUES_DIR / "full.yaml"]).get("secret", {}).get("wandbApiKeyOptional") is not True
     for role, template in ray_pod_templates(job):
-        (key,) = [e for e in template["spec"]["containers"][0]["env"] if e["name"] == "WANDB_API_KEY"]
-        assert key["valueFrom"]["secretKeyRef"]["optional"] is True, role
+        assert not [e for e in template["spec"]["containers"][0]["env"] if e["name"] == "WANDB_API_KEY"], role
+    # --wandb-project (dapo.eval.scoring.log_wandb): the driver, on the head, gets it, as required as training's
+    extra = {"eval": {"extraArgs": ["--wandb-project=dapo-eval"]}}
+    job = by_key(python_objects(files, release=release, extra=extra))[("RayJob", "dapo-aime-eval")]
+    head, worker = [t["spec"]["containers"][0]["env"] for _, t in ray_pod_templates(job)]
+    (key,) = [e for e in head if e["name"] == "WANDB_API_KEY"]
+    assert key["valueFrom"]["secretKeyRef"]["optional"] is False and "WANDB_API_KEY" not in {e["name"] for e in worker}
 
 
 # ---------------------------------------------------------------------------------------------------------------

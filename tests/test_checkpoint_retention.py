@@ -283,17 +283,31 @@ def test_the_local_loop_keeps_its_best_validated_checkpoint_across_a_resume(tmp_
     """The loop (what both backends run) over a scripted backend whose validation accuracy peaks at step 2 and falls
     afterwards: after 6 steps with max_ckpt_to_keep 1, and again after a resumed run to step 8, step 2 is still
     there."""
+    from loop_support import assert_the_kept_best_has_the_best_validation
+
     root = tmp_path / "checkpoints"
     for steps in (6, 8):
         _loop_run(tmp_path, _ScoredBackend.make({2: 1.0}), steps)
         assert ckpt.complete_steps(root) == [2, steps], ckpt.complete_steps(root)
-        assert ckpt.best_step(root) == 2
+        assert assert_the_kept_best_has_the_best_validation(tmp_path, 1, steps) == (2, 1.0)
 
 
 def test_a_new_best_after_the_last_save_frees_the_old_best_before_the_run_ends(tmp_path):
     """The loop saves a step before validating it (verl's order): when the last step's validation beats an older
     best, the older one is deleted then, not left beside the newest until a next save that never comes."""
+    from loop_support import assert_the_kept_best_has_the_best_validation
+
     _loop_run(tmp_path, _ScoredBackend.make({2: 0.5, 4: 1.0}), 4)
     root = tmp_path / "checkpoints"
-    assert ckpt.best_step(root) == 4
+    assert assert_the_kept_best_has_the_best_validation(tmp_path, 1, 4) == (4, 1.0)
     assert ckpt.complete_steps(root) == [4], ckpt.complete_steps(root)
+
+
+def test_on_the_loop_a_tie_keeps_the_earliest_best_validated_step(tmp_path):
+    """Steps 2 and 4 validate equally well, the others worse: the kept best is step 2, the first to reach the score
+    (the rule the e2e and rehearsal checks read the run's metrics with)."""
+    from loop_support import assert_the_kept_best_has_the_best_validation
+
+    _loop_run(tmp_path, _ScoredBackend.make({1: 0.25, 2: 0.5, 3: 0.25, 4: 0.5}), 5)
+    assert assert_the_kept_best_has_the_best_validation(tmp_path, 1, 5) == (2, 0.5)
+    assert ckpt.complete_steps(tmp_path / "checkpoints") == [2, 5]

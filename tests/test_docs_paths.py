@@ -80,3 +80,32 @@ def test_documents_name_only_modules_and_files_that_exist(doc):
         if not ok:
             stale.append(f"{where}: {ref}")
     assert not stale, "stale module or file names:\n" + "\n".join(stale)
+
+
+TEST_FILE = re.compile(r"(?<![\w./-])tests/[\w/]+\.py\b")
+TEST_NAME = re.compile(r"`(test(?:_[a-z0-9]+){4,})`")  # a test function by name (config keys are shorter: test_freq)
+
+
+def _test_functions() -> set[str]:
+    return {n.name for f in (ROOT / "tests").glob("*.py") for n in ast.walk(ast.parse(f.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test_")}
+
+
+def test_a_claim_that_something_is_tested_names_a_test_that_exists():
+    """``tests/test_x.py`` and `test_function_name` in the README and docs/ exist: a renamed or removed test leaves no
+    claim behind that no test backs."""
+    tests = _test_functions()
+    stale, seen = [], 0
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for i, line in enumerate(doc.read_text().splitlines(), 1):
+            where = f"{doc.relative_to(ROOT)}:{i}"
+            for m in TEST_FILE.finditer(line):
+                seen += 1
+                if not (ROOT / m.group(0)).exists():
+                    stale.append(f"{where}: {m.group(0)}")
+            for m in TEST_NAME.finditer(line):
+                seen += 1
+                if m.group(1) not in tests:
+                    stale.append(f"{where}: {m.group(1)}")
+    assert seen > 50, seen
+    assert not stale, "the docs name tests that do not exist:\n" + "\n".join(stale)

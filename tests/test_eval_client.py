@@ -374,6 +374,7 @@ def test_eval_run_exports_serves_evaluates_and_tears_down(tmp_path, monkeypatch)
     assert rc == 0
     served = calls["serve"]
     assert served.model_id == "DAPO-Qwen2.5-32B-step10" and served.model == str(ckpt / "global_step_10")
+    assert served.host == "127.0.0.1"  # the chart's evaluation job serves on loopback: its driver is on the head
     # from the preset: TP 4 and a 2048 + 20480 context; the explicit --top-p wins over the preset's 0.7
     assert served.tensor_parallel_size == 4 and served.max_model_len == 22528
     assert {b["top_p"] for b in srv.requests} == {0.9} and {b["max_completion_tokens"] for b in srv.requests} == {20480}

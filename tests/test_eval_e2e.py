@@ -53,6 +53,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listening_addresses(port: int) -> set[str]:
+    """The addresses on which some process of this network namespace listens on TCP `port` (the kernel's
+    /proc/net/tcp and tcp6: local address in hex, little-endian words; state 0A is LISTEN)."""
+    import ipaddress
+
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            addr, hex_port = local.split(":")
+            if state != "0A" or int(hex_port, 16) != port:
+                continue
+            raw = b"".join(bytes.fromhex(addr[i:i + 8])[::-1] for i in range(0, len(addr), 8))
+            out.add(str(ipaddress.ip_address(raw)))
+    return out
+
+
 def read_rows(path: Path) -> list[int]:
     """Rows of the complete lines (a torn last line is not an answer)."""
     if not path.exists():
@@ -120,10 +137,9 @@ def test_serve_llm_eval_killed_and_rerun_answers_each_row_once(tmp_path, aime_pa
     server_log = open(tmp_path / "server.log", "w")
     server = subprocess.Popen(
         [py, str(ROOT / "eval" / "serve.py"), "--model", str(model_dir), "--model-id", "tiny-e2e",
-         "--device", "cpu", "--num-cpus", "4", "--host", "127.0.0.1", "--port", str(port),
-         "--ray-temp-dir", ray_temp_dir],
+         "--device", "cpu", "--num-cpus", "4", "--port", str(port), "--ray-temp-dir", ray_temp_dir],
         env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path,
-    )  # fmt: skip
+    )  # fmt: skip  (no --host: the default bind is what is checked below)
     # meanwhile, in the same venv: the real LLMConfig accepts our GPU placement, and every bundle of the engine's
     # placement group -- the replica actor's included -- asks for a GPU (the chart's head has none)
     gpu_check = subprocess.Popen([py, "-c", GPU_CHECK, str(model_dir)], env=env, stdout=subprocess.PIPE,
@@ -156,6 +172,8 @@ def test_serve_llm_eval_killed_and_rerun_answers_each_row_once(tmp_path, aime_pa
 
         second = subprocess.run(client, env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        # Serve's proxy, started with the default host, listens on loopback only (it authenticates no one)
+        assert listening_addresses(port) == {"127.0.0.1"}, listening_addresses(port)
         # the cluster that served it had token auth on: a ray.init without the token is refused by its GCS
         intruder, err = unauthenticated_ray_init(py, ray_temp_dir, env, tmp_path / "intruder-home")
         assert intruder.startswith("REFUSED") and "InvalidAuthToken" in err, (intruder, err[-2000:])

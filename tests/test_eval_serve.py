@@ -105,3 +105,53 @@ def test_resolve_auto_reads_the_model_and_probes_the_gpus(hf_dir):
     assert resolve_auto(cfg, 0, probe=lambda: pytest.fail("no probe on CPU")).tensor_parallel_size == 1
     with pytest.raises(ServeError, match="must be resolved first"):
         llm_config_dict(cfg, "gpu", 1)
+
+
+def _fake_ray(monkeypatch, calls):
+    """ray and ray.serve as modules that record what start() asks of Serve."""
+    import sys
+    import types
+
+    serve = types.ModuleType("ray.serve")
+    serve.start = lambda **kw: calls.append(("start", kw))
+    serve.run = lambda app, **kw: calls.append(("run", kw))
+    ray = types.ModuleType("ray")
+    ray.serve = serve
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.serve", serve)
+
+
+@pytest.mark.parametrize("argv, host, url", [
+    ([], "127.0.0.1", "http://127.0.0.1:8000/v1"),  # the default: what the chart's `dapo eval run` gets
+    (["--host", "::1", "--port", "8123"], "::1", "http://[::1]:8123/v1"),
+])
+def test_serve_listens_on_loopback_only_by_default(hf_dir, monkeypatch, argv, host, url):
+    """The http_options start() hands Ray Serve, from the CLI flags `dapo eval serve` and `dapo eval run` share."""
+    import argparse
+
+    from dapo.eval import serve as eval_serve
+    from dapo.eval.serve_cli import add_serve_args, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    cfg = config_from_args(p.parse_args(["--model", str(hf_dir), "--model-id", "m", *argv]))
+    calls = []
+    _fake_ray(monkeypatch, calls)
+    monkeypatch.setattr(eval_serve, "build_application", lambda cfg, gpus: "app")
+    monkeypatch.setattr(eval_serve, "cluster_gpus", lambda: 0.0)
+    assert eval_serve.start(cfg) == url
+    (kind, kw), _ = calls
+    assert kind == "start" and kw == {"proxy_location": "HeadOnly", "http_options": {"host": host, "port": cfg.port}}
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "dapo-eval-head-svc"])
+def test_serve_refuses_to_listen_beyond_loopback_naming_why(hf_dir, monkeypatch, host):
+    from dapo.eval import serve as eval_serve
+
+    calls = []
+    _fake_ray(monkeypatch, calls)
+    with pytest.raises(ServeError, match=f"host '{host}': Ray Serve's proxy has no authentication .*port-forward"):
+        eval_serve.start(ServeConfig(model=str(hf_dir), model_id="m", host=host))
+    with pytest.raises(ServeError, match="no authentication"):
+        config_from_kv({"model": str(hf_dir), "host": host})
+    assert calls == []

@@ -6,7 +6,8 @@ its FLOPs estimate and device peaks) are the reference: the framework-free twins
 (one aborted response, two at the length cap, a prompt at the prompt cap, left-padded prompts); the verl backend's
 :func:`dapo.backends.verl.fit_metrics.fit_metrics` must give verl's numbers and fit()'s rollout-correction keys.
 The key set fit() really logged (``tests/fixtures/verl_fit_keys.json``) is checked against the verl backend's run in
-tests/test_verl_cpu_e2e.py; here, that the fixture is what ``dapo bench verl-fit --keys-out`` writes.
+tests/test_verl_cpu_e2e.py; here, that the fixture is what ``dapo bench verl-fit --keys-out`` writes from verl's
+file log.
 """
 
 from __future__ import annotations
@@ -127,12 +128,29 @@ def test_flops_and_peaks_are_verls():
     assert peak_flops("NVIDIA H200") == _DEVICE_FLOPS["H200"] and peak_flops("cpu") is None
 
 
-def test_the_fit_keys_fixture_is_what_the_bench_records():
-    from dapo.bench.verl_fit import fit_keys
+def test_the_fit_keys_fixture_is_what_the_bench_writes_from_verls_file_log(tmp_path, monkeypatch):
+    """The bench's own path from fit()'s log to the fixture, without workers: verl's ``Tracking`` file logger (what
+    fit() logs through, ``VERL_FILE_LOGGER_PATH`` as the bench sets it) writes two steps whose keys together are the
+    fixture's, each step only part of them; the bench reads that log (:func:`fit_log_records`) and its ``--keys-out``
+    writer (:func:`key_report`) writes a file equal to tests/fixtures/verl_fit_keys.json, byte for byte."""
+    from verl.utils.tracking import Tracking
+
+    from dapo.bench.verl_fit import fit_log_records, key_report
 
     fixture = json.loads(FIXTURE.read_text())
+    keys = fixture["fit_keys"]
+    log = tmp_path / "verl-fit.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(log))
+    tracking = Tracking(project_name="dapo", experiment_name="bench", default_backend=["file"])
+    tracking.log(data={k: np.float32(0.5) for k in keys[::2]}, step=1)
+    tracking.log(data={k: i for i, k in enumerate(keys[1::2])}, step=2)
+    tracking.finish()
+    records = fit_log_records(log)
+    assert [sorted(r) for r in records] == [sorted(keys[::2]), sorted(keys[1::2])]
+    loop = [{"step": 1, "ts": 0.0, **{k: 0.0 for k in keys[2:]}}]
+    out = tmp_path / "keys.json"
+    report = key_report(records, loop, str(out))
+    assert out.read_text() == FIXTURE.read_text()
+    assert report == {"fit_keys": len(keys), "loop_keys": len(keys) - 2, "fit_keys_missing_from_loop": keys[:2]}
     assert fixture["verl"] == "0.9.1" and fixture["command"].startswith("dapo bench verl-fit")
-    records = [{"step": 1, **{k: 0.0 for k in fixture["fit_keys"]}}, {"step": 2, "timing_s/testing": 1.0}]
-    assert fit_keys(records) == sorted({*fixture["fit_keys"], "timing_s/testing"})
-    assert len(fixture["fit_keys"]) > 90 and all(describe(k) for k in fixture["fit_keys"]), [
-        k for k in fixture["fit_keys"] if not describe(k)]
+    assert len(keys) > 90 and all(describe(k) for k in keys), [k for k in keys if not describe(k)]

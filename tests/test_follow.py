@@ -229,7 +229,10 @@ def test_with_the_rayjob_only_its_attempts_count_and_its_failed_status_ends_the_
     log_dir = tmp_path / "logs"
     old_attempt(log_dir)  # would end the run at once as a success, were it counted
     proc = with_api(log_dir, api)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 60  # until it has asked for the RayJob a few times (a loaded machine starts slowly)
+    while len(api.requests) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     assert proc.poll() is None, "the RayJob does not exist yet: nothing can be said of the attempts"
     api.set("Initializing")
     write_attempt(log_dir, "second", 1)

@@ -1,22 +1,25 @@
-"""`kubectl logs -f job/<release>-train-logs` explains every wait: the follower (python -m dapo.cluster.follow, a real
-process) against a stand-in Kubernetes API server (k8s_support.JsonHandler) scripted through Pending on GPUs ->
-ImagePullBackOff -> Running -> the driver's log. Each cause is printed once, then the driver's lines; the exit codes
-are the run's; a run that fails before its driver started names the cause; without the permission to list pods and
-events the follower says so once and goes on."""
+"""`kubectl logs -f job/<release>-train-logs` names every cause: the follower (python -m dapo.cluster.follow, a real
+process) against the suite's stand-in Kubernetes API server (api_standin.StandInApi) scripted through Pending on GPUs
+-> ImagePullBackOff -> Running -> the driver's log, and through a bad first hour (16 workers without GPUs and an
+autoscaler at its maximum, a rate-limited pull, an old driver, then an OOM-killed worker, a lost node and a preemption
+while the driver runs). Each cause is printed once, one line however many pods share it, its decisive part kept;
+then the driver's lines; the exit codes are the run's; a run that fails names its causes; without the permission to
+list pods and events the follower says so once and goes on."""
 
 from __future__ import annotations
 
-import threading
+import subprocess
+import sys
+import textwrap
 import time
 import urllib.parse
 from datetime import datetime, timedelta, timezone
-from http.server import ThreadingHTTPServer
 
 import pytest
 
-from dapo.cluster.waits import pod_causes
-from k8s_support import JsonHandler
-from test_follow import finish, follower, stream_of, write_attempt
+import api_standin
+from dapo.cluster.waits import Waits, decisive, pod_causes
+from test_follow import ENV, finish, follower, stream_of, write_attempt
 
 SELECTOR = ("app.kubernetes.io/instance=dapo,app.kubernetes.io/component in "
             "(train-head,train-worker,train-submitter)")
@@ -24,9 +27,16 @@ IMAGE = "registry.example.com/ml/dapo:0.1.0-verl0.9.1"
 PULL = ('rpc error: code = NotFound desc = failed to pull and unpack image "registry.example.com/ml/dapo:0.1.0-verl0.9.1"'
         ": not found")
 GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are available."
+# the scheduler's and the cluster autoscaler's words (cluster-autoscaler 1.36.1, eventing_scale_up_processor.go and
+# skippedreasons.go) on an 18-node cluster whose GPU node group is at its maximum
+NO_GPUS = ("0/18 nodes are available: 2 node(s) had untolerated taint {node-role.kubernetes.io/system: }, 16 "
+           "Insufficient nvidia.com/gpu. preemption: 0/18 nodes are available: 2 Preemption is not helpful for "
+           "scheduling, 16 No preemption victims found for incoming pod.")
+NOT_TRIGGERED = "pod didn't trigger scale-up: 1 max node group size reached"
 
 
-def pod(name: str, *, phase: str = "Pending", scheduled: str | None = None, waiting: dict | None = None) -> dict:
+def pod(name: str, *, phase: str = "Pending", scheduled: str | None = None, waiting: dict | None = None,
+        component: str | None = None) -> dict:
     status: dict = {"phase": phase, "conditions": []}
     if scheduled:
         status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
@@ -36,61 +46,65 @@ def pod(name: str, *, phase: str = "Pending", scheduled: str | None = None, wait
                                         "state": {"waiting": waiting}}]
     elif phase == "Running":
         status["containerStatuses"] = [{"name": "ray-worker", "image": IMAGE, "state": {"running": {}}}]
-    return {"metadata": {"name": name, "labels": {"app.kubernetes.io/instance": "dapo"}},
+    component = component or ("train-head" if "head" in name else "train-worker")
+    return {"metadata": {"name": name, "labels": {"app.kubernetes.io/instance": "dapo",
+                                                  "app.kubernetes.io/component": component}},
             "spec": {"containers": [{"name": "ray-worker", "image": IMAGE}]}, "status": status}
 
 
-def warning(kind: str, name: str, reason: str, message: str, count: int = 1) -> dict:
-    return {"type": "Warning", "involvedObject": {"kind": kind, "name": name}, "reason": reason, "message": message,
-            "count": count}
+def warning(kind: str, name: str, reason: str, message: str, count: int = 1, type_: str = "Warning") -> dict:
+    return {"metadata": {"name": f"{name}.{abs(hash((reason, message))):x}"}, "type": type_,
+            "involvedObject": {"kind": kind, "name": name}, "reason": reason, "message": message, "count": count}
 
 
-class StandInApi:
+class StandInApi(api_standin.StandInApi):
     """The RayJob dapo-train, the pods of the chart's selector and the namespace's events in namespace ml."""
 
-    def __init__(self):
-        self.rayjob: dict | None = None
-        self.pods: list[dict] = []
-        self.events: list[dict] = []
-        self.forbidden: set[str] = set()
-        self.selectors: list[str] = []
-        outer = self
+    @property
+    def pods(self) -> list[dict]:
+        return list(self.store.get(("/api/v1", "pods", "ml"), {}).values())
 
-        class Handler(JsonHandler):
-            def do_GET(self):
-                path, _, query = self.path.partition("?")
-                if path == "/apis/ray.io/v1/namespaces/ml/rayjobs/dapo-train":
-                    return self.send_json(200, outer.rayjob) if outer.rayjob else self.send_json(404, {})
-                resource = path.rsplit("/", 1)[-1]
-                if path in ("/api/v1/namespaces/ml/pods", "/api/v1/namespaces/ml/events"):
-                    if resource in outer.forbidden:
-                        return self.send_json(403, {"kind": "Status", "code": 403})
-                    if resource == "pods":
-                        outer.selectors.append(urllib.parse.parse_qs(query).get("labelSelector", [""])[0])
-                        return self.send_json(200, {"items": list(outer.pods)})
-                    # the API server's fieldSelector on events: type=Warning leaves the Normal ones out
-                    wanted = urllib.parse.parse_qs(query).get("fieldSelector", [""])[0]
-                    return self.send_json(200, {"items": [e for e in outer.events
-                                                          if wanted != "type=Warning" or e["type"] == "Warning"]})
-                self.send_json(404, {})
+    @pods.setter
+    def pods(self, pods: list[dict]) -> None:
+        self.replace("Pod", pods, "ml")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+    @property
+    def events(self) -> list[dict]:
+        return list(self.store.get(("/api/v1", "events", "ml"), {}).values())
+
+    @events.setter
+    def events(self, events: list[dict]) -> None:
+        self.replace("Event", events, "ml")
+
+    @property
+    def selectors(self) -> list[str]:
+        return [urllib.parse.parse_qs(r.partition("?")[2]).get("labelSelector", [""])[0] for r in self.requests
+                if r.startswith("/api/v1/namespaces/ml/pods?")]
 
     def status(self, deployment: str, job: str = "", failed: int = 0) -> None:
         created = (datetime.now(timezone.utc) - timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.rayjob = {"metadata": {"name": "dapo-train", "uid": "u1", "creationTimestamp": created},
-                       "spec": {"backoffLimit": 0},
-                       "status": {"jobDeploymentStatus": deployment, "jobStatus": job, "failed": failed,
-                                  **({"reason": "DeadlineExceeded"} if deployment == "Failed" else {})}}
+        self.put({"apiVersion": "ray.io/v1", "kind": "RayJob",
+                  "metadata": {"name": "dapo-train", "namespace": "ml", "uid": "u1", "creationTimestamp": created},
+                  "spec": {"backoffLimit": 0},
+                  "status": {"jobDeploymentStatus": deployment, "jobStatus": job, "failed": failed,
+                             **({"reason": "DeadlineExceeded"} if deployment == "Failed" else {})}})
 
 
 @pytest.fixture
 def api():
     a = StandInApi()
     yield a
-    a.server.shutdown()
+    a.close()
+
+
+def looks(api, n: int = 3, timeout: float = 60.0) -> None:
+    """Wait until the follower has listed the pods ``n`` more times: it has seen what the stand-in now serves."""
+    def count():
+        return sum(1 for r in list(api.requests) if r.startswith("/api/v1/namespaces/ml/pods?"))
+    want, end = count() + n, time.monotonic() + timeout
+    while count() < want:
+        assert time.monotonic() < end, "the follower stopped looking at the pods"
+        time.sleep(0.05)
 
 
 def start(log_dir, api):
@@ -108,15 +122,16 @@ def test_each_wait_is_explained_once_then_the_driver_log_follows(tmp_path, api):
                   warning("Workload", "rayjob-dapo-train-logs-1", "Pending", "not ours either"),
                   {**warning("Pod", "dapo-train-head", "Pulled", "ok"), "type": "Normal"}]
     proc = start(log_dir, api)
-    time.sleep(1.5)  # ~15 looks at an unchanged cluster
+    looks(api, 10)  # ten looks at an unchanged cluster
+    api.events = []  # the pods first, then their events: a look between the two never sees an event ahead of its pod
     api.pods = [pod("dapo-train-head", waiting={"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{IMAGE}"'}),
                 pod("dapo-train-worker-0", waiting={"reason": "ErrImagePull", "message": PULL})]
     api.events = [warning("Pod", "dapo-train-worker-0", "Failed", f"Failed to pull image \"{IMAGE}\": {PULL}")]
-    time.sleep(1.5)
+    looks(api)
     api.status("Running", job="RUNNING")
     api.pods = [pod("dapo-train-head", phase="Running"), pod("dapo-train-worker-0", phase="Running")]
     api.events = []
-    time.sleep(1.0)
+    looks(api)
     assert write_attempt(log_dir, "first", 0) == 0
     api.status("Complete", job="SUCCEEDED")
     rc, out, err = finish(proc)
@@ -125,15 +140,13 @@ def test_each_wait_is_explained_once_then_the_driver_log_follows(tmp_path, api):
     waits = [line for line in err.splitlines() if line.startswith("[wait] ")]
     expected = [
         "[wait] RayJob dapo-train: Initializing, job -, 0 failed attempt(s)",
-        f"[wait] pod dapo-train-worker-0 is not scheduled: Unschedulable: {GPU}",
-        f"[wait] Pod dapo-train-worker-0: FailedScheduling: {GPU}",
+        f"[wait] pod dapo-train-worker-0: not scheduled: Unschedulable: {GPU}",  # its FailedScheduling event repeats it
         "[wait] Workload rayjob-dapo-train-3f2a1: Pending: couldn't assign flavors to pod set",
         f'[wait] pod dapo-train-head: container ray-worker ImagePullBackOff: image {IMAGE}: Back-off pulling image "{IMAGE}"',
         f"[wait] pod dapo-train-worker-0: container ray-worker ErrImagePull: image {IMAGE}: {PULL}",
-        f'[wait] Pod dapo-train-worker-0: Failed: Failed to pull image "{IMAGE}": {PULL}',
         "[wait] RayJob dapo-train: Running, job RUNNING, 0 failed attempt(s)",
     ]
-    assert waits == expected, "\n".join(waits)  # each once, in order; not the other pod's, not Normal events
+    assert waits == expected, "\n".join(waits)  # each once, in order; not the other pod's, not Normal noise
     assert set(api.selectors) == {SELECTOR} and len(api.selectors) > 10
 
 
@@ -141,7 +154,7 @@ def test_a_run_that_fails_before_its_driver_started_exits_1_naming_the_cause(tmp
     api.status("Initializing")
     api.pods = [pod("dapo-train-worker-0", waiting={"reason": "ErrImagePull", "message": PULL})]
     proc = start(tmp_path / "logs", api)
-    time.sleep(1.0)
+    looks(api)
     api.status("Failed", job="", failed=1)  # preRunningDeadlineSeconds passed
     rc, out, err = finish(proc)
     assert rc == 1, err
@@ -153,10 +166,13 @@ def test_a_run_that_fails_before_its_driver_started_exits_1_naming_the_cause(tmp
 
 def test_without_access_to_pods_the_follower_says_so_once_and_goes_on(tmp_path, api):
     log_dir = tmp_path / "logs"
-    api.forbidden = {"pods"}
+    api.forbid("pods")
     api.status("Running", job="RUNNING")
     proc = start(log_dir, api)
-    time.sleep(1.0)
+    deadline = time.monotonic() + 60
+    while not any(r.startswith("/api/v1/namespaces/ml/pods?") for r in list(api.requests)):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     assert write_attempt(log_dir, "first", 0) == 0
     api.status("Complete", job="SUCCEEDED")
     rc, out, err = finish(proc)
@@ -166,17 +182,177 @@ def test_without_access_to_pods_the_follower_says_so_once_and_goes_on(tmp_path, 
     assert "waits are not explained, the run's logs still are" in err
 
 
+def lines(pods: list[dict], events: list[dict] = (), running: bool = False) -> list[str]:
+    """What one look at ``pods`` and ``events`` prints (dapo.cluster.waits, no server)."""
+    class Api:
+        name = "dapo-train"
+
+        def list_json(self, resource, query=""):
+            return list(pods) if resource == "pods" else list(events)
+    return Waits(Api(), release="dapo", kind="train", claim="dapo-shared").poll(running=running)[0]
+
+
 def test_a_crash_looping_init_container_is_named_with_its_last_lines():
     crash = {"metadata": {"name": "dapo-train-head"}, "spec": {}, "status": {
         "phase": "Pending",
         "initContainerStatuses": [{"name": "fix-ownership", "restartCount": 4,
                                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 2m40s"}},
-                                   "lastState": {"terminated": {"exitCode": 1, "message":
+                                   "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message":
                                                                 "chown: /shared: Operation not permitted\n"}}}],
         "containerStatuses": [{"name": "ray-head", "state": {"waiting": {"reason": "PodInitializing"}}}]}}
-    assert pod_causes(crash) == ["pod dapo-train-head: init container fix-ownership CrashLoopBackOff (exit code 1, 4 "
-                                 "restarts); its last lines: chown: /shared: Operation not permitted"]
+    assert lines([crash]) == ["pod dapo-train-head: init container fix-ownership CrashLoopBackOff (Error code 1, 4 "
+                              "restarts); its last lines: chown: /shared: Operation not permitted"]
     assert pod_causes(pod("x", phase="Running")) == []
+
+
+# A registry's rate limit as containerd reports it (the shape of kata-containers/kata-containers#10109 and
+# namespacelabs/foundation#846), from a registry with a long name: the status code comes after ~400 characters.
+REGISTRY = "123456789012.dkr.ecr.us-east-1.amazonaws.com/ml/dapo"
+RATE_LIMITED = (f'Failed to pull image "{REGISTRY}:0.1.0-verl0.9.1": rpc error: code = Unknown desc = failed to pull and unpack image "{REGISTRY}:0.1.0-verl0.9.1": failed to '
+                f"copy: httpReadSeeker: failed open: unexpected status code https://123456789012.dkr.ecr.us-east-1."
+                f"amazonaws.com/v2/ml/dapo/blobs/sha256:{'9f3a' * 16}: 429 Too Many Requests - Server message: "
+                "toomanyrequests: You have reached your pull rate limit. You may increase the limit by authenticating "
+                "and upgrading: https://www.docker.com/increase-rate-limit")
+
+
+def test_a_long_message_keeps_its_status_code_and_its_root_cause():
+    assert RATE_LIMITED.index("429") > 400  # where the old 400-character cut dropped it
+    short = decisive(RATE_LIMITED)
+    assert "429 Too Many Requests" in short and short.endswith("https://www.docker.com/increase-rate-limit")
+    assert short.startswith(f'Failed to pull image "{REGISTRY}') and len(short) <= 320
+    assert "sha256:9f3a9f3a9f3a..." in decisive("blob sha256:" + "9f3a" * 16)  # a digest: its first 12 characters
+    middle = "x" * 300 + " 503 Service Unavailable " + "y" * 300
+    assert "503 Service Unavailable" in decisive(middle)
+
+
+def test_one_cause_over_sixteen_pods_is_one_line_and_the_autoscalers_word_is_read():
+    pending = [pod(f"dapo-train-gpu-workers-worker-{i:02d}", scheduled=NO_GPUS) for i in range(16)]
+    events = [warning("Pod", p["metadata"]["name"], "FailedScheduling", NO_GPUS, 4) for p in pending]
+    events += [warning("Pod", p["metadata"]["name"], "NotTriggerScaleUp", NOT_TRIGGERED, 9, type_="Normal")
+               for p in pending]
+    events += [warning("Pod", "dapo-train-head", "Scheduled", "Successfully assigned ml/dapo-train-head to n1",
+                       type_="Normal")]
+    assert lines(pending, events) == [f"16 worker pods: not scheduled: Unschedulable: {NO_GPUS}",
+                                      f"16 worker pods: NotTriggerScaleUp: {NOT_TRIGGERED}"]
+
+
+def test_what_ended_a_container_and_what_removes_a_pod_are_named():
+    oom = pod("dapo-train-gpu-workers-worker-03", phase="Running")
+    oom["status"]["containerStatuses"][0].update(restartCount=1, lastState={"terminated": {
+        "reason": "OOMKilled", "exitCode": 137}})
+    lost = pod("dapo-train-gpu-workers-worker-07", phase="Running")
+    lost["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+                                         "message": "Taint manager: deleting due to NoExecute taint"})
+    evicted = pod("dapo-train-gpu-workers-worker-11", phase="Failed")
+    evicted["status"].update(reason="Evicted", message="The node was low on resource: memory.")
+    got = lines([oom, lost, evicted], [warning("Pod", "dapo-train-gpu-workers-worker-07", "TaintManagerEviction",
+                                               "Marking for deletion Pod ml/dapo-train-gpu-workers-worker-07",
+                                               type_="Normal")], running=True)
+    assert got == [
+        "pod dapo-train-gpu-workers-worker-03: container ray-worker restarted (1x), last ended OOMKilled exit code 137",
+        "pod dapo-train-gpu-workers-worker-07: being removed: DeletionByTaintManager: Taint manager: deleting due to "
+        "NoExecute taint",  # its TaintManagerEviction event repeats it
+        "pod dapo-train-gpu-workers-worker-11: failed: Evicted The node was low on resource: memory.",
+    ]
+    # while a driver runs, a pod that merely waits is no news
+    assert lines([pod("dapo-train-gpu-workers-worker-12", scheduled=NO_GPUS)], running=True) == []
+
+
+# A driver that prints a step, then waits for the stand-in's cue and dies as a run does when its workers are lost.
+DRIVER = textwrap.dedent("""
+    import os, sys, time
+    from dapo.train.runlog import run_logged
+
+    def driver():
+        print("step 1/320 | score 0.12", flush=True)
+        while not os.path.exists(sys.argv[2]):
+            time.sleep(0.05)
+        print("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.", flush=True)
+        return 1
+
+    sys.exit(run_logged(sys.argv[1], driver, header="dapo train (bad hour)", prog="driver"))
+""")
+
+
+def test_a_bad_first_hour_names_every_cause_in_at_most_15_lines_and_exits_1(tmp_path, api):
+    """The issue's hour: 16 workers wait for GPUs on an 18-node cluster whose autoscaler is at its maximum; then one
+    worker's pull is rate-limited and another node's driver is too old; the driver starts; a worker is OOM-killed,
+    a node is lost, a worker is preempted; the attempt fails. Every cause is named, one line each, and the run's last
+    line names the disruptions."""
+    log_dir, cue = tmp_path / "logs", tmp_path / "cue"
+    names = [f"dapo-train-gpu-workers-worker-{i:02d}" for i in range(16)]
+    api.status("Initializing")
+    api.pods = [pod("dapo-train-head", phase="Running")] + [pod(n, scheduled=NO_GPUS) for n in names]
+    api.events = ([warning("Pod", n, "FailedScheduling", NO_GPUS, 12) for n in names]
+                  + [warning("Pod", n, "NotTriggerScaleUp", NOT_TRIGGERED, 30, type_="Normal") for n in names]
+                  + [warning("Pod", "dapo-train-head", "Pulled", "Successfully pulled image", type_="Normal")])
+    proc = start(log_dir, api)
+    looks(api, 5)
+    # the group's maximum raised: 14 workers run, one pull is rate-limited, one node's driver is too old
+    hook = ("Exec lifecycle hook ([python -m dapo.cluster.gpu_check --min-driver 580]) for Container \"ray-worker\" in "
+            f"Pod \"{names[15]}_ml\" failed - error: command 'python -m dapo.cluster.gpu_check --min-driver 580' exited "
+            "with 1, message: \"gpu_check: NVIDIA driver 550.54.15 is too old: this image's CUDA 13 needs driver >= 580\"")
+    crash = pod(names[15], waiting={"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"})
+    crash["status"]["containerStatuses"][0].update(restartCount=2, lastState={"terminated": {"reason": "Error",
+                                                                                             "exitCode": 137}})
+    api.events = []
+    api.pods = ([pod("dapo-train-head", phase="Running")] + [pod(n, phase="Running") for n in names[:14]]
+                + [pod(names[14], waiting={"reason": "ErrImagePull", "message": RATE_LIMITED}), crash])
+    api.events = ([warning("Pod", n, "TriggeredScaleUp", "pod triggered scale-up: [{eks-p5-a 2->16 (max: 16)}]",
+                           type_="Normal") for n in names[:14]]
+                  + [warning("Pod", names[14], "Failed", RATE_LIMITED, 3),
+                     warning("Pod", names[15], "FailedPostStartHook", hook, 2)])
+    looks(api, 5)
+    # fixed: every pod runs, the driver starts
+    api.status("Running", job="RUNNING")
+    api.pods = [pod("dapo-train-head", phase="Running")] + [pod(n, phase="Running") for n in names]
+    api.events = []
+    looks(api)
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(log_dir), str(cue)], env=ENV)
+    deadline = time.monotonic() + 60
+    while not list(log_dir.glob("attempt-*.log")):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    looks(api)
+    # while it runs: an OOM-killed worker, a lost node, a preemption
+    oom = pod(names[3], phase="Running")
+    oom["status"]["containerStatuses"][0].update(restartCount=1, lastState={"terminated": {"reason": "OOMKilled",
+                                                                                           "exitCode": 137}})
+    lost, preempted = pod(names[7], phase="Running"), pod(names[9], phase="Running")
+    lost["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                         "reason": "DeletionByTaintManager",
+                                         "message": "Taint manager: deleting due to NoExecute taint"})
+    api.events = []
+    api.pods = [pod("dapo-train-head", phase="Running")] + [
+        {3: oom, 7: lost, 9: preempted}.get(i) or pod(n, phase="Running") for i, n in enumerate(names)]
+    api.events = [warning("Pod", names[7], "TaintManagerEviction", f"Marking for deletion Pod ml/{names[7]}",
+                          type_="Normal"),
+                  warning("Pod", names[9], "Preempted", "Preempted by pod 3f0c2a1e-5b6d-4c7e-8f9a-0b1c2d3e4f5a on "
+                          "node ip-10-0-7-9.ec2.internal", type_="Normal")]
+    looks(api, 5)
+    cue.touch()
+    assert driver.wait(timeout=60) == 1
+    api.status("Failed", job="FAILED", failed=1)
+    rc, out, err = finish(proc)
+    assert rc == 1, err
+    said = [line for line in err.splitlines() if line.startswith(("[wait] ", "[cluster] "))]
+    assert len(said) <= 15, "\n".join(said)
+    text = "\n".join(said)
+    for cause in ("16 worker pods: not scheduled: Unschedulable: 0/18 nodes are available",
+                  "16 worker pods: NotTriggerScaleUp: pod didn't trigger scale-up: 1 max node group size reached",
+                  "14 worker pods: TriggeredScaleUp",
+                  f"pod {names[14]}: container ray-worker ErrImagePull: image", "429 Too Many Requests",
+                  f"pod {names[15]}: FailedPostStartHook:", "NVIDIA driver 550.54.15 is too old",
+                  f"pod {names[15]}: container ray-worker CrashLoopBackOff (Error code 137, 2 restarts)",
+                  "RayJob dapo-train: Running",
+                  f"[cluster] pod {names[3]}: container ray-worker restarted (1x), last ended OOMKilled exit code 137",
+                  f"[cluster] pod {names[7]}: being removed: DeletionByTaintManager",
+                  f"[cluster] pod {names[9]}: Preempted: Preempted by pod"):
+        assert cause in text, (cause, text)
+    final = out.decode().strip().splitlines()[-1]
+    assert final.startswith("==> the run failed: the RayJob is Failed, job FAILED, 1 failed attempt(s)"), final
+    for cause in ("while its last attempt ran", "OOMKilled", "DeletionByTaintManager", "Preempted"):
+        assert cause in final, (cause, final)
 
 
 def test_the_chart_gives_the_follower_what_it_needs_to_explain_waits():

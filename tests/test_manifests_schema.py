@@ -140,7 +140,7 @@ def test_controller_rules_catch_what_the_crd_schema_accepts(crd_dir, mutate, pro
 
 
 @pytest.mark.parametrize("name", SETS)
-def test_every_ray_pod_has_shm_the_shared_volume_and_secret_refs(name):
+def test_every_ray_pod_has_shm_the_shared_volume_and_secrets_only_by_reference(name):
     files, release = set_files(name)
     values = user_values(files)
     for job in (o for o in python_objects(files, release=release) if o["kind"] == "RayJob"):
@@ -154,9 +154,10 @@ def test_every_ray_pod_has_shm_the_shared_volume_and_secret_refs(name):
             claim = volumes[mounts["/shared"]]["persistentVolumeClaim"]["claimName"]
             assert claim == (values.get("storage", {}).get("existingClaim") or f"{release}-shared")
             env = {e["name"]: e for e in container["env"]}
-            for token in ("HF_TOKEN", "WANDB_API_KEY"):
-                assert set(env[token]) == {"name", "valueFrom"}, (role, token)
-                assert env[token]["valueFrom"]["secretKeyRef"]["name"] == "dapo-secrets"
+            for token in ("HF_TOKEN", "WANDB_API_KEY"):  # who gets which: tests/test_credentials.py
+                if token in env:
+                    assert set(env[token]) == {"name", "valueFrom"}, (role, token)
+                    assert env[token]["valueFrom"]["secretKeyRef"]["name"] == "dapo-secrets"
             assert env["RAY_memory_monitor_refresh_ms"]["value"] == "0"
             assert env["HF_HOME"]["value"].startswith("/shared/")
             assert env["NCCL_SOCKET_IFNAME"]["value"] == values.get("nccl", {}).get("NCCL_SOCKET_IFNAME", "eth0")
@@ -253,7 +254,9 @@ def test_no_secret_value_reaches_any_output(monkeypatch):
             for role, template in pod_templates(job):
                 for c in template["spec"].get("containers", []) + template["spec"].get("initContainers", []):
                     for e in c.get("env", []):
-                        if any(w in e["name"] for w in ("TOKEN", "API_KEY", "PASSWORD", "SECRET")):
+                        if e["name"] == "HF_TOKEN_PATH":  # a path into the mounted Secret, not a token
+                            assert e["value"] == "/var/run/secrets/dapo/hf/token", (name, role, e)
+                        elif any(w in e["name"] for w in ("TOKEN", "API_KEY", "PASSWORD", "SECRET")):
                             assert "value" not in e and "secretKeyRef" in e["valueFrom"], (name, role, e)
     assert os.environ["HF_TOKEN"] == sentinels["HF_TOKEN"]
 

@@ -15,7 +15,7 @@ FIRST_SCREEN = 40
 def test_the_first_screen_holds_the_local_and_the_cluster_commands():
     head = "\n".join(README.splitlines()[:FIRST_SCREEN])
     for needle in ("make train", "make test", "helm upgrade --install kuberay-operator", "create secret generic",
-                   "helm install dapo charts/dapo", "kubectl logs -n dapo -f job/dapo-train-logs",
+                   "helm upgrade --install dapo charts/dapo", "kubectl logs -n dapo -f job/dapo-train-logs",
                    "python scripts/render.py --preset", "values/eval.yaml", "## Contents"):
         assert needle in head, f"the README's first {FIRST_SCREEN} lines lack {needle!r}"
 
@@ -23,7 +23,7 @@ def test_the_first_screen_holds_the_local_and_the_cluster_commands():
 def test_the_cluster_path_gets_the_images_first_and_points_the_chart_at_them():
     head = "\n".join(README.splitlines()[:FIRST_SCREEN])
     steps = ["make images REGISTRY=", "helm upgrade --install kuberay-operator", "create secret generic",
-             "helm install dapo charts/dapo", "kubectl logs -n dapo -f job/dapo-train-logs"]
+             "helm upgrade --install dapo charts/dapo", "kubectl logs -n dapo -f job/dapo-train-logs"]
     at = [head.index(step) for step in steps]
     assert at == sorted(at), "the cluster path: images, operator, Secret, helm install, kubectl logs -f"
     install = head[at[3]:at[4]]
@@ -37,3 +37,26 @@ def test_the_readme_links_every_doc_and_every_link_resolves():
     assert not missing, f"README links to files that do not exist: {missing}"
     unlinked = sorted({p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")} - links)
     assert not unlinked, f"docs the README does not link: {unlinked}"
+
+
+def test_the_install_line_can_be_run_again_after_a_failed_preflight():
+    # `helm install` refuses a name in use after a failed install; `helm upgrade --install` installs again, and the
+    # preflight is a pre-upgrade hook too while the RayJob does not exist (tests/test_preflight_chart.py)
+    head = "\n".join(README.splitlines()[:FIRST_SCREEN])
+    assert "helm install dapo " not in head
+    assert "kubectl -n dapo logs job/dapo-preflight --all-containers" in head
+
+
+def test_the_render_line_renders_what_the_install_line_installs_and_names_early_for_what_it_is():
+    import yaml
+
+    head = " ".join("\n".join(README.splitlines()[:FIRST_SCREEN]).split())
+    install = re.search(r"helm upgrade --install dapo charts/dapo -n (\S+) -f values/(\w+)\.yaml(.*?)#", head, re.S)
+    render = re.search(r"`python scripts/render.py --preset (\w+) -n (\S+)` with the same (\w+) `--set` items", head)
+    assert install and render, head
+    assert (render.group(1), render.group(2)) == (install.group(2), install.group(1))
+    sets = re.findall(r"--set ", install.group(3))
+    assert render.group(3) == {2: "two", 3: "three", 4: "four"}[len(sets)]
+    plan = yaml.safe_load((ROOT / "charts" / "dapo" / "files" / "requirements.yaml").read_text())["presets"]["early"]
+    assert (f"`--preset early` is the AIME-44 recipe, {plan['plan']['rolloutSteps']:,} rollout steps "
+            f"(~{round(plan['plan']['gpuHours'], -3):,} GPU-hours in `dapo plan`)") in head

@@ -50,6 +50,7 @@ from dapo.train.metric_names import WALL_CLOCK
 from dapo.train.metrics import read_jsonl
 from dapo.config import split_overrides
 from k8s_support import by_key, helm_objects, set_files, user_values
+from loop_support import assert_the_kept_best_has_the_best_validation
 from kuberay_loopback import (
     TERMINAL,
     VENV_BIN,
@@ -339,10 +340,13 @@ def test_tiny_rayjob_loses_the_driver_node_mid_run_then_a_resubmission_resumes_t
         final = f"global_step_{steps}/actor/model.safetensors"
         assert (straight / "checkpoints" / final).read_bytes() == (ckpts / final).read_bytes()
 
-        for ckpt_root in (ckpts, straight / "checkpoints"):  # the newest `keep`, and the best-scoring one when older
-            kept = set(range(steps - keep + 1, steps + 1)) | ({best_step(ckpt_root)} - {None})
-            assert complete_steps(ckpt_root) == sorted(kept), (ckpt_root, complete_steps(ckpt_root))
+        # the newest `keep`, and the best-scoring one when older: the run's best validation by its own metrics
+        for run in (run_dir, straight):
+            best, score = assert_the_kept_best_has_the_best_validation(run, trainer.save_freq, steps)
+            kept = set(range(steps - keep + 1, steps + 1)) | {best}
+            assert complete_steps(run / "checkpoints") == sorted(kept), (run, complete_steps(run / "checkpoints"))
         assert best_step(ckpts) == best_step(straight / "checkpoints")
+        phase(f"kept best: global_step_{best}, the run's best validation ({score:.4f})")
         assert not list(ckpts.glob(".tmp-*")) + list(ckpts.glob(".trash-*")), "a temporary directory was left behind"
         phase("same metrics, retention and attempt logs checked")
 

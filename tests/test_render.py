@@ -87,7 +87,10 @@ def test_helm_and_render_py_agree_on_every_template_branch():
     assert sorted(helm) == sorted(python) == [("ConfigMap", "dapo-exp-preset"), ("Job", "dapo-exp-eval-logs"),
                                               ("Job", "dapo-exp-preflight"),
                                               ("Job", "dapo-exp-train-logs"), ("NetworkPolicy", "dapo-exp-ray"),
-                                              ("RayJob", "dapo-exp-eval"), ("RayJob", "dapo-exp-train")]
+                                              ("RayJob", "dapo-exp-eval"), ("RayJob", "dapo-exp-train"),
+                                              # the preflight reads storage.existingClaim's access modes
+                                              ("Role", "dapo-exp-preflight"), ("RoleBinding", "dapo-exp-preflight"),
+                                              ("ServiceAccount", "dapo-exp-preflight")]
     for key in helm:
         assert python[key] == helm[key], key
     train = python[("RayJob", "dapo-exp-train")]["spec"]

@@ -4,9 +4,8 @@
   container's securityContext; SidecarMode adds a submitter container without one), passes the Pod Security
   Standard "restricted" -- each rule named as kubernetes.io/docs/concepts/security/pod-security-standards names it --
   or, where the values need more, the level NOTES names, and fails the stricter one;
-- the NetworkPolicy selects exactly the Ray pods of the release, admits every pod of the release, the KubeRay
-  operator's pods on the port KubeRay's dashboard client uses, and nothing of another release;
-- Ray token auth is on in both RayJobs (KubeRay authOptions), and no object holds a token.
+- Ray token auth is on in both RayJobs (KubeRay authOptions), no object holds a token, and a run without it is refused
+  unless the NetworkPolicy fences the Ray head (the policy itself: tests/test_network_policy.py).
 """
 
 from __future__ import annotations
@@ -19,25 +18,7 @@ import yaml
 
 from dapo.k8s import ValuesError
 from dapo.k8s.security import pod_security_profile
-from k8s_support import CHART_DIR, by_key, helm_notes, helm_objects, python_objects, render_script, set_files, \
-    user_values
-
-RWX = {"storage": {"storageClassName": "rwx-class"}}
-PRESETS = sorted(p.stem for p in (CHART_DIR / "presets").glob("*.yaml") if not p.stem.startswith("_"))
-CI_FILES = sorted((CHART_DIR / "ci").glob("*.yaml"))
-
-
-def value_sets() -> list[tuple[str, dict, str]]:
-    """(id, user values, release): every preset on its own, every values/ combination, every ci values file."""
-    cpu_image = {"image": {"repository": "registry.local/dapo-cpu"}}  # verl on CPU refuses the CUDA image
-    out = [(f"preset-{p}", {**RWX, "preset": p, **(cpu_image if p.startswith("verl-") else {})}, "dapo")
-           for p in PRESETS]
-    for name in sorted(render_script().RENDER_SETS):
-        files, release = set_files(name)
-        out.append((f"values-{name}", user_values(files), release))
-    out += [(f"ci-{f.stem}", yaml.safe_load(f.read_text()) or {}, "dapo") for f in CI_FILES]
-    return out
-
+from k8s_support import CHART_DIR, RWX, by_key, helm_notes, helm_objects, python_objects, rendered_pods, value_sets
 
 SETS = value_sets()
 
@@ -110,44 +91,6 @@ def restricted_violations(spec) -> list[str]:
     return out
 
 
-def kuberay_pods(rayjob) -> list[tuple[str, dict]]:
-    """The pods KubeRay v1.7.0 creates from a RayJob, as far as Pod Security sees them: the head (SidecarMode: plus
-    its submitter container, GetDefaultSubmitterContainer, no securityContext), each worker group (plus the
-    `wait-gcs-ready` init container with the Ray container's securityContext, common/pod.go), the K8sJobMode
-    submitter."""
-    spec = rayjob["spec"]
-    cluster = spec["rayClusterSpec"]
-    head = copy.deepcopy(cluster["headGroupSpec"]["template"])
-    if spec.get("submissionMode") == "SidecarMode":
-        head["spec"]["containers"].append({"name": "ray-job-submitter", "image": "x"})
-    out = [("head", head)]
-    for group in cluster.get("workerGroupSpecs", []):
-        worker = copy.deepcopy(group["template"])
-        ray = worker["spec"]["containers"][0]
-        wait = {"name": "wait-gcs-ready", "image": ray["image"]}
-        if "securityContext" in ray:
-            wait["securityContext"] = copy.deepcopy(ray["securityContext"])
-        worker["spec"]["initContainers"] = [wait] + worker["spec"].get("initContainers", [])
-        out.append((f"worker {group['groupName']}", worker))
-    if "submitterPodTemplate" in spec:
-        out.append(("submitter", spec["submitterPodTemplate"]))
-    return out
-
-
-def rendered_pods(values, release) -> list[tuple[str, dict]]:
-    """(what, pod template) of every pod the chart's objects lead to, helm test pods included."""
-    pods = []
-    for obj in helm_objects(values, release=release) + helm_objects(values, release=release, hooks=True):
-        name = f"{obj['kind']} {obj['metadata']['name']}"
-        if obj["kind"] == "RayJob":
-            pods += [(f"{name} {role}", t) for role, t in kuberay_pods(obj)]
-        elif obj["kind"] == "Job":
-            pods.append((name, obj["spec"]["template"]))
-        elif obj["kind"] == "Pod":
-            pods.append((name, {"metadata": obj["metadata"], "spec": obj["spec"]}))
-    return pods
-
-
 @pytest.mark.parametrize("case", SETS, ids=[s[0] for s in SETS])
 def test_every_rendered_pod_meets_the_pod_security_level_notes_names(case):
     _, values, release = case
@@ -202,80 +145,6 @@ def test_the_checker_names_the_rule_each_setting_breaks():
         assert rule in restricted_violations(spec), sc
 
 
-# -- NetworkPolicy ------------------------------------------------------------------------------------------------
-
-def selects(selector, labels) -> bool:
-    """A Kubernetes LabelSelector against a label set (matchLabels and matchExpressions ANDed; {} selects all)."""
-    if not (selector.get("matchLabels") or {}).items() <= labels.items():
-        return False
-    for e in selector.get("matchExpressions") or []:
-        op, key, vals = e["operator"], e["key"], e.get("values") or []
-        if not {"In": lambda: labels.get(key) in vals, "NotIn": lambda: labels.get(key) not in vals,
-                "Exists": lambda: key in labels, "DoesNotExist": lambda: key not in labels}[op]():
-            return False
-    return True
-
-
-def admits(rule, labels, namespace_labels, port, same_namespace) -> bool:
-    """Whether one NetworkPolicyIngressRule admits a pod (labels, its namespace's labels) on a TCP port."""
-    if rule.get("ports") and not any(p.get("protocol", "TCP") == "TCP" and p.get("port") == port
-                                     for p in rule["ports"]):
-        return False
-    peers = rule.get("from")
-    if not peers:
-        return True
-    for peer in peers:
-        ns_ok = selects(peer["namespaceSelector"], namespace_labels) if "namespaceSelector" in peer else same_namespace
-        if ns_ok and selects(peer.get("podSelector") or {}, labels):
-            return True
-    return False
-
-
-OPERATOR_LABELS = {"app.kubernetes.io/name": "kuberay-operator", "app.kubernetes.io/instance": "kuberay-operator",
-                   "app.kubernetes.io/component": "kuberay-operator"}  # kuberay-operator chart v1.7.0, deployment.yaml
-
-
-@pytest.mark.parametrize("case", SETS, ids=[s[0] for s in SETS])
-def test_network_policy_selects_the_ray_pods_and_admits_the_release_and_the_operator(case):
-    _, values, release = case
-    objects = by_key(helm_objects(values, release=release))
-    pods = rendered_pods(values, release)
-    (policy,) = [o for k, o in objects.items() if k[0] == "NetworkPolicy"]
-    spec = policy["spec"]
-    ray = [(w, t) for w, t in pods if w.startswith("RayJob") and not w.endswith("submitter")]
-    chosen = [w for w, t in pods if selects(spec["podSelector"], t["metadata"]["labels"])]
-    assert chosen == [w for w, _ in ray] and chosen, "the policy must select exactly the Ray pods"
-    ns = {"kubernetes.io/metadata.name": "ml"}
-    for what, t in pods:  # every pod of the release reaches the Ray pods on every port (GCS 6379, raylets, ...)
-        assert any(admits(r, t["metadata"]["labels"], ns, 6379, True) for r in spec["ingress"]), what
-    for rayjob in [o for k, o in objects.items() if k[0] == "RayJob"]:
-        head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-        # utils.FindContainerPort(head, "dashboard", 8265): where KubeRay's dashboard client connects
-        port = next((p["containerPort"] for p in head.get("ports", []) if p["name"] == "dashboard"), 8265)
-        op_ns = {"kubernetes.io/metadata.name": values.get("networkPolicy", {}).get("operator", {}).get(
-            "namespace", "kuberay-system")}
-        assert any(admits(r, OPERATOR_LABELS, op_ns, port, False) for r in spec["ingress"]), "operator shut out"
-        assert not any(admits(r, OPERATOR_LABELS, op_ns, 6379, False) for r in spec["ingress"])
-    stranger = {"app.kubernetes.io/name": "dapo", "app.kubernetes.io/instance": "someone-else",
-                "app.kubernetes.io/component": "train-head"}
-    for port in (6379, 8265, 10001, 8000):
-        assert not any(admits(r, stranger, ns, port, True) for r in spec["ingress"]), port
-        assert not any(admits(r, {}, {"kubernetes.io/metadata.name": "other"}, port, False) for r in spec["ingress"])
-
-
-def test_restricted_egress_keeps_dns_and_the_release_and_opting_out_renders_no_policy():
-    values = {**RWX, "networkPolicy": {"restrictEgress": True}}
-    h, p = by_key(helm_objects(values)), by_key(python_objects([], extra=values, namespace="ml"))
-    assert h == p
-    egress = h[("NetworkPolicy", "dapo-ray")]["spec"]["egress"]
-    assert {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]} in egress
-    assert {"to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "dapo",
-                                                    "app.kubernetes.io/instance": "dapo"}}}]} in egress
-    off = {**RWX, "networkPolicy": {"enabled": False}}
-    assert not [k for k in by_key(helm_objects(off)) if k[0] == "NetworkPolicy"]
-    assert "WARNING: networkPolicy.enabled is false" in helm_notes(off)
-
-
 # -- Ray token authentication -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", SETS, ids=[s[0] for s in SETS])
@@ -319,6 +188,41 @@ def test_what_kuberay_or_the_kubelet_would_refuse_is_refused_at_install(values, 
         helm_objects(values)
     with pytest.raises(ValuesError, match=message.replace(".", r"\.")):
         python_objects([], extra=values)
+
+
+OPEN_RAY = [
+    ({"rayAuth": {"enabled": False}, "networkPolicy": {"enabled": False}},
+     "networkPolicy.enabled: false together with rayAuth.enabled: false leaves the Ray head open: whoever reaches"),
+    ({"rayAuth": {"enabled": False}, "hostNetwork": True},
+     "hostNetwork: true together with rayAuth.enabled: false leaves the Ray head open on the node's address, where no "
+     "NetworkPolicy applies: whoever reaches"),
+]
+
+
+@pytest.mark.parametrize("files, values, message", [
+    (files, values, message) for files in ([], ["full.yaml", "reference.yaml"]) for values, message in OPEN_RAY])
+def test_a_ray_without_token_auth_and_without_the_network_policy_is_refused_naming_the_risk_and_the_fix(
+        files, values, message):
+    """Token auth off (the reference runner's Ray 2.43 has none) is refused with the NetworkPolicy off or hostNetwork,
+    in Helm and render.py with the same words: the risk (CVE-2023-48022) and both ways out."""
+    from helm_python.errors import HelmRenderError
+
+    from k8s_support import VALUES_DIR, user_values
+
+    paths = [VALUES_DIR / f for f in files]
+    values = user_values(paths, {**RWX, **values})
+    with pytest.raises(HelmRenderError) as h:
+        helm_objects(values)
+    with pytest.raises(ValuesError) as p:
+        python_objects(paths, extra={**RWX, **values})
+    assert str(h.value).split("): ", 1)[-1] == str(p.value), (h.value, p.value)
+    assert str(p.value).startswith(message), p.value
+    for words in ("CVE-2023-48022", "rayAuth.enabled: true", "networkPolicy.enabled: true and no hostNetwork"):
+        assert words in str(p.value)
+    # the reference preset as shipped renders, fenced: the policy on, no hostNetwork
+    ok = user_values(paths, RWX) if files else {**RWX, "rayAuth": {"enabled": False}}
+    (policy,) = [o for o in helm_objects(ok) if o["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["ingress"] and not ok.get("hostNetwork")
 
 
 @pytest.mark.parametrize("preset", ["full", "verl-tiny"])

@@ -508,7 +508,9 @@ def test_ranks_replicas_and_the_resource_pool_span_both_worker_pods(scenario):
 
 def test_kill_9_after_a_checkpoint_resumes_from_verls_checkpoint(scenario):
     from dapo.eval.fsdp_merge import load_fsdp_shards, merge_entry
-    from dapo.train.checkpoint import best_step, complete_steps
+    from dapo.config import load_preset
+    from dapo.train.checkpoint import complete_steps
+    from loop_support import assert_the_kept_best_has_the_best_validation
 
     record, run, snapshot = scenario["record"], scenario["run"], scenario["snapshot"]
     second = _events(record, 2)
@@ -527,9 +529,10 @@ def test_kill_9_after_a_checkpoint_resumes_from_verls_checkpoint(scenario):
     assert min(resumed[0]["group_ids"]) == max(max(e["group_ids"]) for e in first_batches) + 1
     assert (run / "logs" / "attempt-1.log").exists() and (run / "logs" / "attempt-2.log").exists()
     # retention: exactly max_ckpt_to_keep complete checkpoints plus the best-scoring one when it is older, nothing
-    # half-written or half-deleted
-    kept = {STEPS - 1, STEPS} | ({best_step(run / "checkpoints")} - {None})
-    assert complete_steps(run / "checkpoints") == sorted(kept)
+    # half-written or half-deleted; the best is the run's best validation by its metrics (ties: the earliest)
+    save_freq = load_preset("verl-tiny", RECIPE).recipe.trainer.save_freq
+    best, _ = assert_the_kept_best_has_the_best_validation(run, save_freq, STEPS)
+    assert complete_steps(run / "checkpoints") == sorted({STEPS - 1, STEPS, best})
     assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith((".tmp-", ".trash-"))]
 
 

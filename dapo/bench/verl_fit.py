@@ -98,6 +98,14 @@ def _agent_loop_scoring(trainer: Any, handles: Any) -> None:
     ray.get([w.__ray_call__.remote(put, handles) for w in trainer.async_rollout_manager.agent_loop_workers])
 
 
+def fit_log_records(path: Path) -> list[dict]:
+    """fit()'s step records from verl's file logger (``VERL_FILE_LOGGER_PATH``: one ``{"step", "data"}`` line per
+    ``Tracking.log``), the ``data`` dicts in order."""
+    from dapo.train.metrics import read_jsonl
+
+    return [rec["data"] for rec in read_jsonl(path)]
+
+
 def fit_keys(records: list[dict]) -> list[str]:
     """The metric keys of fit()'s step records (verl's file logger: one ``data`` dict per step), sorted."""
     return sorted(set().union(*(set(r) for r in records)) - {"step", "ts"})
@@ -205,7 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.time()
         trainer.fit()
         fit_wall = time.time() - t0
-        records = [rec["data"] for rec in read_jsonl(fit_log)]  # verl's file logger starts the file anew per fit()
+        records = fit_log_records(fit_log)  # verl's file logger starts the file anew per fit()
         fit_s += _step_seconds(records)[1:]
         fit_records += records
         loop_dir = run_dir / f"loop-round-{r}"

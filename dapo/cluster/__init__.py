@@ -3,8 +3,8 @@
 
 - ``python -m dapo.cluster.follow`` (:mod:`dapo.cluster.follow`), the log follower Job's program
   (``kubectl logs -f job/<release>-train-logs``): every attempt's driver log as one stream until the run ends, which
-  it reads from the RayJob's status (:mod:`~dapo.cluster.rayjob_api`), and before a driver log exists, why the run
-  waits, from its pods and events (:mod:`~dapo.cluster.waits`);
+  it reads from the RayJob's status (:mod:`~dapo.cluster.rayjob_api`), and from its pods and events why the run
+  waits before a driver log exists and what disrupts it after (:mod:`~dapo.cluster.waits`);
 - ``python -m dapo.cluster.gpu_check`` (:mod:`~dapo.cluster.gpu_check`), the GPU pods' driver check (a postStart hook
   of every GPU worker, the ``helm test`` GPU pod);
 - ``python -m dapo.cluster.preflight`` (:mod:`~dapo.cluster.preflight`), the preflight Job's checks before any RayJob

@@ -17,8 +17,9 @@ moves to the next attempt when a retry starts, and ends with one line saying how
 Until an attempt's driver log exists (the cluster being created, pods Pending on GPUs or a claim, images pulling, an
 init container crash-looping), the follower explains the wait on stderr, ``[wait]`` lines, about every
 ``--waits-every`` seconds and only what changed: the RayJob's status and attempt, and the causes
-:mod:`dapo.cluster.waits` reads from the release's pods and events (``--release``); when the run then fails, the
-final line names them.
+:mod:`dapo.cluster.waits` reads from the release's pods and events (``--release``), one line per cause however many
+pods share it. While a driver runs it goes on, ``[cluster]`` lines for what disrupts the attempt: a lost node, an
+OOM-killed, evicted or preempted worker, a restarted container. When the run then fails, the final line names them.
 
 Which attempts belong to the run: with the RayJob's status, those that started (:func:`dapo.train.runlog.started_at`,
 else the file's mtime) at or after its creation -- a re-installed release keeps its earlier runs' logs in the same
@@ -255,37 +256,50 @@ class Follower:
             return f"{failed} attempt(s) failed, backoffLimit {self.backoff_limit}"
         return None  # no limit known: another attempt may always come
 
-    # -- the waits before a driver log exists (dapo.cluster.waits) -----------------------------------------------------
+    # -- the waits before a driver log exists, the disruptions after (dapo.cluster.waits) -----------------------------
     def _explain(self) -> None:
-        """About every ``waits_every`` s while no attempt is printing: the RayJob's status when it changed, and each
-        new cause of a wait, once, on stderr (``[wait]``)."""
+        """About every ``waits_every`` s: the RayJob's status when it changed, and each new cause, once, on stderr --
+        ``[wait]`` lines while no attempt is printing, ``[cluster]`` lines (disruptions only: a lost node, an
+        OOM-killed, evicted or preempted worker) while one is."""
         if self.api is None or time.monotonic() < self.next_waits:
             return
         self.next_waits = time.monotonic() + self.waits_every
+        running = self.state["attempt"] is not None
+        tag = "[cluster]" if running else "[wait]"
         s = self.status
         if s is not None and s.exists and s.describe() != self.said_status:
             self.said_status = s.describe()
-            print(f"[wait] RayJob {self.api.name}: {s.describe()}", file=sys.stderr, flush=True)
+            print(f"{tag} RayJob {self.api.name}: {s.describe()}", file=sys.stderr, flush=True)
         if self.waits is not None:
-            lines, note = self.waits.poll()
+            lines, note = self.waits.poll(running=running)
             if note:
                 self.note(note)
             for line in lines:
-                print(f"[wait] {line}", file=sys.stderr, flush=True)
+                print(f"{tag} {line}", file=sys.stderr, flush=True)
 
     def _with_causes(self, why: str) -> str:
-        causes = self.waits.current if self.waits is not None and self.state["attempt"] is None else []
-        return why + (f"; before its driver started: {' | '.join(causes[:6])}" if causes else "")
+        """``why``, and what the cluster said: the disruptions seen while the last attempt ran, and the current
+        causes when an attempt failed before its driver started (none printed yet, or more failed than printed)."""
+        if self.waits is None:
+            return why
+        parts, ran = [], len(self.state["finished"])
+        if self.waits.disruptions:
+            parts.append(f"while its last attempt ran: {' | '.join(self.waits.disruptions[:6])}")
+        s = self.status
+        if self.waits.current and (not ran or (s is not None and s.failed > ran)):
+            parts.append(f"before its driver started: {' | '.join(self.waits.current[:6])}")
+        return "; ".join([why, *parts])
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def step(self) -> Optional[int]:
         """One round: read the status, print what is new, decide. Returns the exit code once the run ended."""
         self._poll_status()
-        if self.state["attempt"] is None:
-            self._explain()
+        self._explain()
         if self.state["attempt"] is None:
             n = self._next_attempt(self._last_done())
             if n is not None:
+                if self.waits is not None:
+                    self.waits.disruptions = []  # this attempt's
                 self._start(n)
         n = self.state["attempt"]
         if n is not None:

@@ -93,7 +93,8 @@ def check_proc_driver(min_driver: int, proc_version: Path = PROC_VERSION) -> str
         text = proc_version.read_text()
     except OSError:
         raise GpuCheckError(f"{proc_version} not found: no NVIDIA driver is loaded on this node (is it a GPU node? "
-                            "preflight.nodeSelector / worker.nodeSelector)") from None
+                            "the preflight runs where the workers' GPUs (preflight.requestGpus), worker.nodeSelector "
+                            "and worker.affinity place it)") from None
     m = re.search(r"Kernel Module(?: for \S+)?\s+([0-9]+\.[0-9.]+)", text)
     if not m:
         raise GpuCheckError(f"{proc_version} names no driver version: {text.strip()[:200]!r}")

@@ -20,7 +20,7 @@ Idempotent and crash-safe: each output is written to a temporary file in the out
 renamed into place (``os.replace``), so a reader never sees a half-written parquet; ``manifest.json`` beside the files
 records their sha256, and files whose checksum matches are not fetched again.
 
-Sources: the Hugging Face hub by default (``huggingface_hub``; ``HF_TOKEN`` / ``HF_ENDPOINT`` from the environment),
+Sources: the Hugging Face hub by default (``huggingface_hub``; ``HF_TOKEN`` or the file ``HF_TOKEN_PATH``, ``HF_ENDPOINT``),
 or a local copy: ``--source DIR`` (a mirror laid out as ``DIR/<owner>/<name>/<path>`` or holding the files directly)
 or ``--train-repo file:///path/to/repo-root`` / a path to the parquet file itself.
 """

@@ -19,11 +19,16 @@ Entry points: ``dapo eval serve --model DIR --model-id NAME ...`` (blocks until 
 tensor-parallel-size=8`` (:func:`build_app`, the string target Ray Serve imports), and :func:`start` / :func:`stop`
 for ``dapo eval run``. Scripts that start vLLM need an ``if __name__ == "__main__":`` guard (its workers are spawned).
 
+HTTP: Serve's proxy listens on a loopback address only (``http_options`` host, default ``127.0.0.1:8000``; any other
+host is refused): it authenticates no one and Ray's token does not cover it. The chart's evaluation driver runs on the
+head beside the ``HeadOnly`` proxy; from elsewhere, ``kubectl port-forward`` reaches it.
+
 Imports nothing of the project (Ray Serve and vLLM lazily, inside the functions that need them).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import sys
@@ -36,6 +41,24 @@ APP_NAME = "dapo-eval"
 
 class ServeError(RuntimeError):
     """A serving configuration or start-up problem; the message names the setting or path."""
+
+
+# Ray Serve's HTTP proxy authenticates no one, and Ray's token authentication covers the dashboard, GCS and the other
+# control-plane ports, not Serve: a proxy on a pod address would give the model, and the GPUs behind it, to anyone
+# who reaches that address.
+LOOPBACK_ONLY = ("Ray Serve's proxy has no authentication (Ray's token does not cover it), so it listens on a "
+                 "loopback address only (127.0.0.1 or ::1): the evaluation's client is its own driver on the same "
+                 "node; reach it from elsewhere with kubectl port-forward, which the API server authenticates")
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -61,14 +84,17 @@ class ServeConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     # Extra environment for the engine processes.
     env: dict[str, str] = field(default_factory=dict)
-    # HTTP proxy address (Serve's proxies listen here).
-    host: str = "0.0.0.0"
+    # HTTP proxy address: a loopback address only (see LOOPBACK_ONLY). The evaluation's client is its own driver on
+    # the head, where the HeadOnly proxy runs; kubectl port-forward reaches it from outside.
+    host: str = "127.0.0.1"
     port: int = 8000
     # Where Serve runs HTTP proxies: "HeadOnly" (the head pod's service, and the eval job's driver on the head,
     # reach it), or "EveryNode" (nodes with replicas).
     proxy_location: Literal["HeadOnly", "EveryNode"] = "HeadOnly"
 
     def validate(self) -> None:
+        if not is_loopback(self.host):
+            raise ServeError(f"host {self.host!r}: {LOOPBACK_ONLY}")
         if not self.model_id or not self.model_id.strip():
             raise ServeError("model_id must be a non-empty string (the name clients send as 'model')")
         if self.device not in ("auto", "gpu", "cpu"):
@@ -301,7 +327,7 @@ def start(cfg: ServeConfig) -> str:
     app = build_application(cfg, cluster_gpus())
     serve.start(proxy_location=cfg.proxy_location, http_options={"host": cfg.host, "port": cfg.port})
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     return f"http://{host}:{cfg.port}/v1"
 
 

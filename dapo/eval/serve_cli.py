@@ -43,7 +43,8 @@ def add_serve_args(p, *, model_required: bool = True) -> None:
     p.add_argument("--accelerator-type", default=None, help="Ray accelerator type, e.g. H100")
     p.add_argument("--engine-kwargs", default="{}", help="extra vLLM engine arguments as JSON")
     p.add_argument("--cpu-kvcache-gib", type=int, default=1)
-    p.add_argument("--host", default="0.0.0.0", help="Serve HTTP host")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="Serve HTTP host: a loopback address (Serve authenticates no one; kubectl port-forward)")
     p.add_argument("--port", type=int, default=8000, help="Serve HTTP port")
     p.add_argument("--proxy-location", choices=["HeadOnly", "EveryNode"], default="HeadOnly",
                    help="where Serve runs its HTTP proxies")

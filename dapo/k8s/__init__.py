@@ -16,6 +16,8 @@ chart ``charts/dapo``. ``scripts/render.py`` is the command line; tests check bo
 - :mod:`dapo.k8s.rules`: KubeRay controller rules that the CRD schemas do not encode.
 - :mod:`dapo.k8s.security`: Ray token auth (``authOptions``), the NetworkPolicy, the restricted securityContexts,
   the Pod Security profile the values need.
+- :mod:`dapo.k8s.capacity`: where a pod of the chart fits on the cluster's nodes (selectors, affinity, taints,
+  allocatable minus the requests of running pods) and what an autoscaler says it can add: for ``dapo doctor``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,13 @@ SMALL = {"cpu": "100m", "memory": "64Mi"}
 # prints while the run waits (dapo.cluster.waits) without reading pod logs
 TERMINATION_MESSAGE = "FallbackToLogsOnError"
 
+# The Hugging Face token as a file, never an environment variable: huggingface_hub (0.30 in the reproduction image,
+# 1.33 in the others; constants.py) reads HF_TOKEN, else the file HF_TOKEN_PATH (default $HF_HOME/token). Only the
+# containers that download from the hub mount it (see PodTemplates.hub_reads).
+HF_TOKEN_VOLUME = "hf-token"
+HF_TOKEN_DIR = "/var/run/secrets/dapo/hf"
+HF_TOKEN_PATH = f"{HF_TOKEN_DIR}/token"
+
 def split_sidecars(sidecars: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(native, plain): the sidecars with ``restartPolicy: Always`` -- Kubernetes native sidecars, init containers
     that keep running and are started (startupProbe passed) before the main containers -- and the others (more
@@ -49,18 +56,44 @@ def env_profile_command(values: dict[str, Any]) -> str:
 class PodTemplates(ChartContext):
     """The pod templates of the head and worker groups, and the pieces they share."""
 
+    def hub_reads(self) -> bool:
+        """Whether the training run downloads its model from the hub at run time (a hub model that the data
+        preparation does not fetch beforehand): then the driver and verl's workers, on the training workers, need the
+        HF token. The evaluation reads only the exported checkpoint; the heads run no hub download but their init
+        containers'."""
+        return bool(model_repo(self.effective)) and not hub_offline(self.v, self.preset)
+
+    def eval_logs_wandb(self) -> bool:
+        """Whether ``dapo eval run`` logs to wandb (``--wandb-project`` in eval.extraArgs or WANDB_PROJECT in
+        eval.runtimeEnv, dapo.eval.scoring.log_wandb): only then does its driver, on the evaluation head, get the key."""
+        ev = self.v["eval"]
+        return any(str(a).split("=", 1)[0] == "--wandb-project" for a in ev["extraArgs"]) or \
+            "WANDB_PROJECT" in (ev.get("runtimeEnv") or {})
+
+    def wandb_key(self, *, head: bool, kind: str) -> bool:
+        """Whether a Ray container gets WANDB_API_KEY: the training workers (the driver -- our loop, or the
+        reference recipe's TaskRunner -- runs on one of them: entrypointNumCpus, head num-cpus 0) and the evaluation
+        head when the evaluation logs to wandb (its driver runs on the head)."""
+        return (kind == "train" and not head) or (kind == "eval" and head and self.eval_logs_wandb())
+
+    def hf_token_here(self, *, head: bool, kind: str) -> bool:
+        """Whether a Ray container gets the HF token file: the training workers when the run reads the hub."""
+        return kind == "train" and not head and self.hub_reads()
+
+    def hf_token_volume(self) -> dict[str, Any]:
+        s = self.v["secret"]
+        return {"name": HF_TOKEN_VOLUME, "secret": {"secretName": s["name"], "optional": bool(s["hfTokenOptional"]),
+                                                  "items": [{"key": s["hfTokenKey"], "path": "token"}]}}
+
     def env(self, *, head: bool, kind: str = "train") -> list[dict[str, Any]]:
         v = self.v
         s = v["secret"]
-        env: list[dict[str, Any]] = [
-            {"name": "HF_HOME", "value": v["storage"]["hfHome"]},
-            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-                "name": s["name"], "key": s["hfTokenKey"], "optional": s["hfTokenOptional"]}}},
-            # the evaluation never needs wandb
-            {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {
-                "name": s["name"], "key": s["wandbApiKeyKey"],
-                "optional": bool(s["wandbApiKeyOptional"] or kind == "eval")}}},
-        ]
+        env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": v["storage"]["hfHome"]}]
+        if self.hf_token_here(head=head, kind=kind):
+            env.append({"name": "HF_TOKEN_PATH", "value": HF_TOKEN_PATH})
+        if self.wandb_key(head=head, kind=kind):  # wandb reads its key only from WANDB_API_KEY or a netrc file
+            env.append({"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {
+                "name": s["name"], "key": s["wandbApiKeyKey"], "optional": bool(s["wandbApiKeyOptional"])}}})
         if hub_offline(v, self.preset):
             env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
         if (v.get("wandb") or {}).get("entity"):
@@ -74,7 +107,8 @@ class PodTemplates(ChartContext):
 
     def pod_common(self) -> dict[str, Any]:
         v = self.v
-        out: dict[str, Any] = {}
+        # no Ray process calls the Kubernetes API (the autoscaler is off): no token for job code to act with
+        out: dict[str, Any] = {"automountServiceAccountToken": bool(v["automountServiceAccountToken"])}
         if v.get("serviceAccountName"):
             out["serviceAccountName"] = v["serviceAccountName"]
         if v.get("imagePullSecrets"):
@@ -114,32 +148,41 @@ class PodTemplates(ChartContext):
             out["securityContext"] = sc
         return out
 
-    def volumes(self, *, shm: str, presets: bool, extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    def volumes(self, *, shm: str, presets: bool, hf_token: bool = False,
+                extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         vols: list[dict[str, Any]] = [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
             {"name": "shared", "persistentVolumeClaim": {"claimName": self.claim_name}},
         ]
         if presets:
             vols.append({"name": "presets", "configMap": {"name": self.preset_cm_name}})
+        if hf_token:
+            vols.append(self.hf_token_volume())
         return vols + copy.deepcopy(extra or [])
 
-    def volume_mounts(self, *, presets: bool, extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    def volume_mounts(self, *, presets: bool, hf_token: bool = False,
+                      extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         mounts: list[dict[str, Any]] = [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "shared", "mountPath": self.v["storage"]["mountPath"]},
         ]
         if presets:
             mounts.append({"name": "presets", "mountPath": self.v["train"]["presetDir"], "readOnly": True})
+        if hf_token:
+            mounts.append({"name": HF_TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True})
         return mounts + copy.deepcopy(extra or [])
 
     def hub_env(self) -> list[dict[str, Any]]:
+        """HF_HOME and the token file of the download steps (data preparation, model download), then ``env``."""
         v = self.v
-        s = v["secret"]
         return [
             {"name": "HF_HOME", "value": v["storage"]["hfHome"]},
-            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-                "name": s["name"], "key": s["hfTokenKey"], "optional": s["hfTokenOptional"]}}},
+            {"name": "HF_TOKEN_PATH", "value": HF_TOKEN_PATH},
         ] + [{"name": k, "value": v["env"][k]} for k in sorted(v["env"])]
+
+    def hub_mounts(self) -> list[dict[str, Any]]:
+        return [{"name": "shared", "mountPath": self.v["storage"]["mountPath"]},
+                {"name": HF_TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True}]
 
     def head_init_containers(self, image: str) -> list[dict[str, Any]]:
         """fix-ownership (storage.fixOwnership, as root), data-prepare, model-fetch (dataPrep.fetchModel)."""
@@ -157,7 +200,7 @@ class PodTemplates(ChartContext):
                     "command": ["hf", "download", repo], "env": self.hub_env(),
                     "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
                     "resources": copy.deepcopy(v["dataPrep"]["resources"]),
-                    "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
+                    "volumeMounts": self.hub_mounts(),
                 })
         return out
 
@@ -184,21 +227,16 @@ class PodTemplates(ChartContext):
         cmd = ["dapo", "data", "prepare", "--out", d["outDir"]] + (["--dedup"] if d["dedup"] else []) + list(
             d["extraArgs"]
         )
-        s = v["secret"]
         return {
             "name": "data-prepare",
             "image": image,
             "imagePullPolicy": v["image"]["pullPolicy"],
             "terminationMessagePolicy": TERMINATION_MESSAGE,
             "command": cmd,
-            "env": [
-                {"name": "HF_HOME", "value": v["storage"]["hfHome"]},
-                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-                    "name": s["name"], "key": s["hfTokenKey"], "optional": s["hfTokenOptional"]}}},
-            ] + [{"name": k, "value": v["env"][k]} for k in sorted(v["env"])],
+            "env": self.hub_env(),
             "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
             "resources": copy.deepcopy(d["resources"]),
-            "volumeMounts": [{"name": "shared", "mountPath": v["storage"]["mountPath"]}],
+            "volumeMounts": self.hub_mounts(),
         }
 
     def head_group(self, *, kind: str, image: str, presets: bool) -> dict[str, Any]:
@@ -228,7 +266,7 @@ class PodTemplates(ChartContext):
                 {"name": "gcs-server", "containerPort": 6379},
                 {"name": "dashboard", "containerPort": 8265},
                 {"name": "client", "containerPort": 10001},
-                {"name": "serve", "containerPort": 8000},
+                # no serve port: the evaluation's Serve proxy listens on the head's loopback (dapo.eval.serve)
             ],
             "env": self.env(head=True, kind=kind),
             "resources": copy.deepcopy(h["resources"]),
@@ -236,7 +274,8 @@ class PodTemplates(ChartContext):
             **self.ray_container_common(),
         }
         spec["containers"] = [container] + plain
-        spec["volumes"] = self.volumes(shm=h["shmSize"], presets=presets, extra=h.get("extraVolumes"))
+        spec["volumes"] = self.volumes(shm=h["shmSize"], presets=presets, hf_token=bool(v["dataPrep"]["enabled"]),
+                                       extra=h.get("extraVolumes"))
         return {"rayStartParams": dict(h["rayStartParams"]), "template": {"metadata": meta, "spec": spec}}
 
     def worker_group(self, *, kind: str, image: str, nodes: int, gpus: int, presets: bool,
@@ -274,17 +313,18 @@ class PodTemplates(ChartContext):
                 r["nvidia.com/gpu"] = str(gpus)
             r.update(copy.deepcopy(w.get("extraResources") or {}))
             resources[section] = r
+        hf = self.hf_token_here(head=False, kind=kind)
         container: dict[str, Any] = {"name": "ray-worker", "image": image, "imagePullPolicy": v["image"]["pullPolicy"]}
         if env_profile_command(v):
             container["args"] = [env_profile_command(v)]
         container |= {
             "env": self.env(head=False, kind=kind),
             "resources": resources,
-            "volumeMounts": self.volume_mounts(presets=presets, extra=w.get("extraVolumeMounts")),
+            "volumeMounts": self.volume_mounts(presets=presets, hf_token=hf, extra=w.get("extraVolumeMounts")),
             **self.ray_container_common(gpu_check=gpus > 0),
         }
         spec["containers"] = [container] + plain
-        spec["volumes"] = self.volumes(shm=w["shmSize"], presets=presets, extra=w.get("extraVolumes"))
+        spec["volumes"] = self.volumes(shm=w["shmSize"], presets=presets, hf_token=hf, extra=w.get("extraVolumes"))
         params = dict(w.get("rayStartParams") or {})
         if logical_gpus > 0:
             params["num-gpus"] = str(logical_gpus)

@@ -173,7 +173,9 @@ class RayJobs(PodTemplates):
             spec["deletionStrategy"] = {"deletionRules": copy.deepcopy(job["deletionRules"])}
         if job["submissionMode"] == "K8sJobMode":
             spec["submitterConfig"] = {"backoffLimit": int(job["submitter"]["backoffLimit"])}
-            pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
+            # KubeRay's submitter script only talks to the head's dashboard: no API token
+            pod_spec: dict[str, Any] = {"restartPolicy": "Never",
+                                        "automountServiceAccountToken": bool(v["automountServiceAccountToken"])}
             for key in ("serviceAccountName", "priorityClassName"):
                 if v.get(key):
                     pod_spec[key] = v[key]

@@ -9,10 +9,12 @@ chosen values.
   sends ``x-ray-authorization: Bearer <token>`` (HTTPMode submission and status). The chart never holds the token.
   KubeRay refuses token mode below Ray 2.52 (``utils/validation.go``).
 - NetworkPolicy ``<fullname>-ray`` (``networkPolicy``, the chart's own object, so it needs no operator feature gate):
-  the release's Ray pods accept ingress only from the release's pods (every port: GCS, raylets, object store,
-  workers), from the KubeRay operator's pods on the head's dashboard port, and from ``networkPolicy.extraIngress``;
-  egress is left open unless ``networkPolicy.restrictEgress`` (then: the release's pods, DNS on port 53 to any
-  resolver and ``networkPolicy.extraEgress``).
+  it selects this release's Ray pods only (its labels and KubeRay's ``ray.io/node-type``), which accept ingress from
+  this release's Ray pods (every port: GCS, raylets, object store, workers), from its K8sJobMode submitters and the
+  KubeRay operator's pods on the dashboard port, and from ``networkPolicy.extraIngress``. Egress goes everywhere but
+  the cloud's instance metadata service (``networkPolicy.instanceMetadata``), or with ``networkPolicy.restrictEgress``
+  only to this release's Ray pods, DNS to the cluster's resolvers (``networkPolicy.dns``) and
+  ``networkPolicy.extraEgress``. Token auth off is refused without this fence (:func:`check_open_ray`).
 - Restricted Pod Security: the helper containers (data preparation, model download, the K8sJobMode submitter, the
   helm test pods) always run with :data:`RESTRICTED_CONTAINER`; the Ray containers with ``securityContext`` and every
   pod with ``podSecurityContext`` (both restricted by default).
@@ -37,6 +39,12 @@ FIX_OWNERSHIP_CONTAINER = {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": Fals
 MIN_RAY_FOR_TOKEN_AUTH = (2, 52, 0)
 DASHBOARD_PORT = 8265
 DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+# KubeRay v1.7.0's labels (ray-operator/controllers/ray/utils/constant.go): ray.io/node-type on every Ray pod (a pod
+# template cannot override it: common/pod.go labelPod), ray.io/originated-from-* on the K8sJobMode submitter
+# (rayjob_controller.go getSubmitterTemplate)
+RAY_NODE_TYPE = "ray.io/node-type"
+ORIGIN_CRD = "ray.io/originated-from-crd"
+ORIGIN_NAME = "ray.io/originated-from-cr-name"
 
 
 # checkov (make test) findings on the chart's own Jobs and Pods that stay, with the reason; each object carries its
@@ -100,6 +108,7 @@ def check_security(v: dict[str, Any]) -> None:
                     "authOptions.mode token below it). Set rayAuth.enabled: false (values/reference.yaml does) and "
                     "keep networkPolicy.enabled: the NetworkPolicy is then the run's only fence"
                 )
+    check_open_ray(v)
     pod, ctr = v.get("podSecurityContext") or {}, v.get("securityContext") or {}
     if str(ctr.get("runAsUser")) == "0" and pod.get("runAsNonRoot") and ctr.get("runAsNonRoot") is not False:
         raise ValuesError(
@@ -107,6 +116,26 @@ def check_security(v: dict[str, Any]) -> None:
             "the Ray containers; also set securityContext.runAsNonRoot: false (the namespace then needs the "
             "privileged Pod Security profile)"
         )
+
+
+def check_open_ray(v: dict[str, Any]) -> None:
+    """Token auth off leaves the NetworkPolicy as the Ray head's only fence: refused without it (networkPolicy off,
+    or hostNetwork, where no NetworkPolicy applies)."""
+    if v["rayAuth"]["enabled"]:
+        return
+    if not v["networkPolicy"]["enabled"]:
+        key, where = "networkPolicy.enabled", "false together with rayAuth.enabled: false leaves the Ray head open"
+    elif v.get("hostNetwork"):
+        key, where = "hostNetwork", ("true together with rayAuth.enabled: false leaves the Ray head open on the "
+                                     "node's address, where no NetworkPolicy applies")
+    else:
+        return
+    raise ValuesError(
+        f"{key}: {where}: whoever reaches its dashboard (8265) submits code that runs with this run's tokens and "
+        "checkpoints (CVE-2023-48022, \"ShadowRay\"). Turn token authentication on (rayAuth.enabled: true, Ray >= "
+        "2.52) or keep the NetworkPolicy as the fence: networkPolicy.enabled: true and no hostNetwork "
+        "(values/reference.yaml, whose Ray 2.43 has no token authentication, does)"
+    )
 
 
 def pod_security_profile(v: dict[str, Any]) -> tuple[str, list[str]]:
@@ -170,34 +199,75 @@ class NetworkPolicies:
     v: dict[str, Any]
     name: str
     release: str
+    fullname: str
 
     def ray_components(self) -> list[str]:
         return [f"{k}-{role}" for k in ("train", "eval") if self.v[k]["enabled"] for role in ("head", "worker")]
 
+    def ray_pods(self) -> dict[str, Any]:
+        """This release's Ray pods: its labels on the head and worker templates, and ray.io/node-type, which
+        KubeRay v1.7.0 sets on every Ray pod and a template cannot override (common/pod.go labelPod)."""
+        return {"matchLabels": {"app.kubernetes.io/name": self.name, "app.kubernetes.io/instance": self.release},
+                "matchExpressions": [
+                    {"key": "app.kubernetes.io/component", "operator": "In", "values": self.ray_components()},
+                    {"key": RAY_NODE_TYPE, "operator": "In", "values": ["head", "worker"]}]}
+
+    def submitters(self) -> dict[str, Any] | None:
+        """This release's K8sJobMode submitter pods: their template's labels and ray.io/originated-from-cr-name /
+        -crd, which KubeRay v1.7.0 sets on the submitter (rayjob_controller.go getSubmitterTemplate); None when no
+        RayJob submits from a Job."""
+        jobs = [k for k in ("train", "eval") if self.v[k]["enabled"] and self.v[k]["submissionMode"] == "K8sJobMode"]
+        if not jobs:
+            return None
+        return {"matchLabels": {"app.kubernetes.io/name": self.name, "app.kubernetes.io/instance": self.release,
+                                ORIGIN_CRD: "RayJob"},
+                "matchExpressions": [
+                    {"key": "app.kubernetes.io/component", "operator": "In", "values": [f"{k}-submitter" for k in jobs]},
+                    {"key": ORIGIN_NAME, "operator": "In", "values": [f"{self.fullname}-{k}" for k in jobs]}]}
+
+    def egress(self) -> list[dict[str, Any]] | None:
+        """The egress rules, or None for open egress (restrictEgress off and instanceMetadata.deny off)."""
+        np = self.v["networkPolicy"]
+        meta = np["instanceMetadata"]
+        cidrs = list(meta["cidrs"])
+        dns_ports = copy.deepcopy(DNS_PORTS)
+        if np["restrictEgress"]:
+            rules = [{"to": [{"podSelector": self.ray_pods()}]},
+                     {"to": copy.deepcopy(np["dns"]), "ports": dns_ports}]
+            if not meta["deny"]:
+                rules.append({"to": [{"ipBlock": {"cidr": c}} for c in cidrs]})
+            return rules + copy.deepcopy(np.get("extraEgress") or [])
+        if not meta["deny"]:
+            return None
+        v4 = [c for c in cidrs if ":" not in c]
+        v6 = [c for c in cidrs if ":" in c]
+        return [
+            # everywhere but the instance metadata service; every pod of the cluster (CNIs that match ipBlock
+            # only outside the cluster's pod network)
+            {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": v4}}, {"ipBlock": {"cidr": "::/0", "except": v6}},
+                    {"namespaceSelector": {}}]},
+            # DNS on the metadata address: the name server of GKE's Cloud DNS
+            {"to": [{"ipBlock": {"cidr": c}} for c in cidrs], "ports": dns_ports},
+        ]
+
     def network_policy(self) -> dict[str, Any] | None:
         np = self.v["networkPolicy"]
-        components = self.ray_components()
-        if not np["enabled"] or not components:
+        if not np["enabled"] or not self.ray_components():
             return None
-        release = {"matchLabels": {"app.kubernetes.io/name": self.name, "app.kubernetes.io/instance": self.release}}
-        operator = {"namespaceSelector": {"matchLabels": {
+        ingress: list[dict[str, Any]] = [{"from": [{"podSelector": self.ray_pods()}]}]
+        submitters = self.submitters()
+        if submitters:
+            ingress.append({"from": [{"podSelector": submitters}],
+                            "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]})
+        ingress.append({"from": [{"namespaceSelector": {"matchLabels": {
             "kubernetes.io/metadata.name": np["operator"]["namespace"]}},
-            "podSelector": {"matchLabels": dict(np["operator"]["podLabels"])}}
-        ingress = [
-            {"from": [{"podSelector": copy.deepcopy(release)}]},
-            {"from": [operator], "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]},
-        ] + copy.deepcopy(np.get("extraIngress") or [])
-        spec: dict[str, Any] = {
-            "podSelector": {**copy.deepcopy(release), "matchExpressions": [
-                {"key": "app.kubernetes.io/component", "operator": "In", "values": components}]},
-            "policyTypes": ["Ingress"],
-            "ingress": ingress,
-        }
-        if np["restrictEgress"]:
+            "podSelector": {"matchLabels": dict(np["operator"]["podLabels"])}}],
+            "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]})
+        ingress += copy.deepcopy(np.get("extraIngress") or [])
+        spec: dict[str, Any] = {"podSelector": self.ray_pods(), "policyTypes": ["Ingress"], "ingress": ingress}
+        egress = self.egress()
+        if egress is not None:
             spec["policyTypes"] = ["Ingress", "Egress"]
-            spec["egress"] = [
-                {"to": [{"podSelector": copy.deepcopy(release)}]},
-                {"ports": copy.deepcopy(DNS_PORTS)},  # any resolver: kube-dns, NodeLocal DNSCache's link-local IP
-            ] + copy.deepcopy(np.get("extraEgress") or [])
+            spec["egress"] = egress
         return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                 "metadata": self.metadata(f"{self.fullname}-ray", "network"), "spec": spec}  # type: ignore[attr-defined]

@@ -24,7 +24,7 @@ DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 PLACEMENT_KEYS = ("placement.nodes", "placement.gpus_per_node", "placement.backend", "trainer.nnodes",
                   "trainer.n_gpus_per_node")
 TOKEN_ENV = ("HF_TOKEN", "WANDB_API_KEY")
-MANAGED_ENV = ("HF_HOME", "WANDB_ENTITY", "RAY_memory_monitor_refresh_ms", "NVIDIA_VISIBLE_DEVICES")
+MANAGED_ENV = ("HF_HOME", "HF_TOKEN_PATH", "WANDB_ENTITY", "RAY_memory_monitor_refresh_ms", "NVIDIA_VISIBLE_DEVICES")
 SELECTOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component")
 
 

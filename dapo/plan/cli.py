@@ -176,6 +176,12 @@ def runtime_report(preset: Preset, dataset_rows: Optional[int], value_files: lis
     L.append("")
     L.append("Storage (the shared volume)")
     L.append(f"  needs {st['summary']}")
+    need = sizing.checkpoint_write(preset, st["per_checkpoint"]) if st["per_checkpoint"] else {}
+    if need:
+        L.append(f"  checkpoint writes: {fb(need['checkpointBytes'])} every ~{need['secondsBetweenSaves'] / 60:.0f} min "
+                 f"by {need['writeStreams']} ranks at once: >= {need['minWriteBytesPerSecond'] / 1e6:,.0f} MB/s "
+                 f"aggregate for a save to take <= {sizing.CHECKPOINT_WALL_SHARE:.0%} of the wall time (the preflight's "
+                 "floor, charts/dapo/files/requirements.yaml)")
     if preset.placement.backend != "local":
         hf = 4.0 * sizing.model_params(preset)  # verl's hf_model: the fp32 full state dict, gathered on rank 0
         gbps = Assumptions().storage_gbps

@@ -223,7 +223,8 @@ CHECKPOINT_WALL_SHARE = 0.10
 def checkpoint_write(preset, checkpoint_bytes: float) -> dict[str, Any]:
     """The write throughput the shared volume needs: a checkpoint of ``checkpoint_bytes`` every ``save_freq`` steps
     of the plan's step time (generation, training, validation) takes at most CHECKPOINT_WALL_SHARE of the wall time,
-    w <= share * (between + w), i.e. bytes / rate <= share / (1 - share) * between. Empty for a preset without a
+    w <= share * (between + w), i.e. bytes / rate <= share / (1 - share) * between -- an aggregate rate: every rank
+    of the run (``writeStreams`` = nodes x GPUs per node) writes its FSDP shard at once. Empty for a preset without a
     step-time model (the local backend) or without checkpoints."""
     save_freq = preset.recipe.trainer.save_freq
     if save_freq <= 0:
@@ -237,5 +238,6 @@ def checkpoint_write(preset, checkpoint_bytes: float) -> dict[str, Any]:
         return {}
     between = save_freq * (t["step"] + t["validation_per_step"])
     rate = checkpoint_bytes / (CHECKPOINT_WALL_SHARE / (1 - CHECKPOINT_WALL_SHARE) * between)
+    p = preset.placement
     return {"checkpointBytes": int(checkpoint_bytes), "secondsBetweenSaves": int(round(between)),
-            "minWriteBytesPerSecond": int(round(rate))}
+            "minWriteBytesPerSecond": int(round(rate)), "writeStreams": int(p.nodes * p.gpus_per_node)}

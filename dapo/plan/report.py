@@ -189,10 +189,31 @@ def markdown_block(block: str) -> str:
                              else f"{s.epochs_for_paper:.1f}"])
         return _md_table(["preset", "train file", "rows", "generation rounds / epoch", "rollout steps / epoch",
                           "gradient steps / epoch", f"epochs for {PAPER_ROLLOUT_STEPS} rollout steps"], rows)
-    raise PlanError(f"unknown docs block {block!r}; known: presets, calibration, epochs")
+    if block == "checkpoints":
+        return _checkpoint_table()
+    raise PlanError(f"unknown docs block {block!r}; known: {', '.join(DOCS_BLOCKS)}")
 
 
-DOCS_BLOCKS = ("presets", "calibration", "epochs")
+def _checkpoint_table() -> str:
+    """Per GPU preset: one checkpoint, how often, by how many ranks at once, and the aggregate write rate the shared
+    volume needs (:func:`dapo.plan.memory.checkpoint_write`: the preflight's floor, charts/dapo/files/
+    requirements.yaml)."""
+    from dapo.plan.memory import checkpoint_write, fmt_bytes, storage
+
+    rows = []
+    for name in ("full", "early", "7b", "smoke"):
+        preset = load_preset(name)
+        need = checkpoint_write(preset, storage(preset)["per_checkpoint"])
+        rate = need["minWriteBytesPerSecond"]
+        rows.append([f"`{name}`", fmt_bytes(need["checkpointBytes"]),
+                     f"{preset.recipe.trainer.save_freq} steps, ~{need['secondsBetweenSaves'] / 60:.0f} min",
+                     f"{need['writeStreams']} ({preset.placement.nodes} x {preset.placement.gpus_per_node})",
+                     f"{rate / 1e6:,.0f} MB/s", f"{need['checkpointBytes'] / rate / 60:.1f} min"])
+    return _md_table(["preset", "one checkpoint", "saved every", "ranks writing at once", "aggregate write floor",
+                      "one save at the floor"], rows)
+
+
+DOCS_BLOCKS = ("presets", "calibration", "epochs", "checkpoints")
 
 
 def update_docs(path: str | os.PathLike) -> bool:

@@ -258,25 +258,74 @@ env_vars:
 {{- end -}}
 
 {{/*
+Where each secret goes (dapo.k8s.pods.PodTemplates: hub_reads, eval_logs_wandb, wandb_key, hf_token_here).
+dapo.hubReads: "true" when the training run downloads its model from the hub itself (a hub model the data
+preparation does not fetch): its driver and verl's workers, on the training workers, then need the HF token.
+*/}}
+{{- define "dapo.hubReads" -}}
+{{- if and (include "dapo.modelRepo" .) (not (include "dapo.hubOffline" .)) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when `dapo eval run` logs to wandb (--wandb-project in eval.extraArgs, WANDB_PROJECT in eval.runtimeEnv).
+*/}}
+{{- define "dapo.evalLogsWandb" -}}
+{{- $on := hasKey (.Values.eval.runtimeEnv | default dict) "WANDB_PROJECT" -}}
+{{- range .Values.eval.extraArgs -}}
+{{- if eq (first (splitList "=" (toString .))) "--wandb-project" -}}{{- $on = true -}}{{- end -}}
+{{- end -}}
+{{- if $on -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+"true" for a Ray container that gets WANDB_API_KEY: the training workers (the driver runs on one of them:
+entrypointNumCpus 1, head num-cpus 0), the evaluation head when the evaluation logs to wandb (its driver runs there).
+Usage: include "dapo.wandbKey" (dict "root" $ "head" true "kind" "train")
+*/}}
+{{- define "dapo.wandbKey" -}}
+{{- if or (and (eq .kind "train") (not .head)) (and (eq .kind "eval") .head (include "dapo.evalLogsWandb" .root)) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+"true" for a Ray container that gets the HF token file: the training workers when the run reads the hub.
+*/}}
+{{- define "dapo.hfTokenHere" -}}
+{{- if and (eq .kind "train") (not .head) (include "dapo.hubReads" .root) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The Hugging Face token as a file (huggingface_hub reads HF_TOKEN_PATH), never an environment variable: the volume
+of the Secret's hfTokenKey. dapo.k8s.pods.HF_TOKEN_DIR is the same path.
+*/}}
+{{- define "dapo.hfTokenVolume" -}}
+- name: hf-token
+  secret:
+    secretName: {{ .Values.secret.name | quote }}
+    optional: {{ .Values.secret.hfTokenOptional }}
+    items:
+      - key: {{ .Values.secret.hfTokenKey | quote }}
+        path: token
+{{- end -}}
+
+{{/*
 Environment of every Ray container. Usage: include "dapo.env" (dict "root" $ "head" true "kind" "train")
-The evaluation never needs wandb: its WANDB_API_KEY reference is always optional.
 */}}
 {{- define "dapo.env" -}}
 {{- $v := .root.Values -}}
 - name: HF_HOME
   value: {{ $v.storage.hfHome | quote }}
-- name: HF_TOKEN
-  valueFrom:
-    secretKeyRef:
-      name: {{ $v.secret.name | quote }}
-      key: {{ $v.secret.hfTokenKey | quote }}
-      optional: {{ $v.secret.hfTokenOptional }}
+{{- if include "dapo.hfTokenHere" . }}
+- name: HF_TOKEN_PATH
+  value: /var/run/secrets/dapo/hf/token
+{{- end }}
+{{- if include "dapo.wandbKey" . }}
 - name: WANDB_API_KEY
   valueFrom:
     secretKeyRef:
       name: {{ $v.secret.name | quote }}
       key: {{ $v.secret.wandbApiKeyKey | quote }}
-      optional: {{ or $v.secret.wandbApiKeyOptional (eq .kind "eval") }}
+      optional: {{ $v.secret.wandbApiKeyOptional }}
+{{- end }}
 {{- if include "dapo.hubOffline" .root }}
 - name: HF_HUB_OFFLINE
   value: "1"
@@ -305,6 +354,7 @@ The evaluation never needs wandb: its WANDB_API_KEY reference is always optional
 Pod-level settings shared by head and workers. Usage: include "dapo.podCommon" $
 */}}
 {{- define "dapo.podCommon" -}}
+automountServiceAccountToken: {{ .Values.automountServiceAccountToken }}
 {{- with .Values.serviceAccountName }}
 serviceAccountName: {{ . }}
 {{- end }}
@@ -412,7 +462,8 @@ if [ -r "{{ . }}" ]; then . "{{ . }}"; echo "dapo: sourced {{ . }} (fabric.ncclE
 {{- end -}}
 
 {{/*
-Volumes of a Ray pod. Usage: include "dapo.volumes" (dict "root" $ "shm" "16Gi" "presets" true "extra" $list)
+Volumes of a Ray pod. Usage: include "dapo.volumes" (dict "root" $ "shm" "16Gi" "presets" true "hfToken" false
+"extra" $list)
 */}}
 {{- define "dapo.volumes" -}}
 - name: dshm
@@ -427,6 +478,9 @@ Volumes of a Ray pod. Usage: include "dapo.volumes" (dict "root" $ "shm" "16Gi" 
   configMap:
     name: {{ include "dapo.presetConfigMapName" .root }}
 {{- end }}
+{{- if .hfToken }}
+{{ include "dapo.hfTokenVolume" .root }}
+{{- end }}
 {{- with .extra }}
 {{ toYaml . }}
 {{- end }}
@@ -440,6 +494,11 @@ Volumes of a Ray pod. Usage: include "dapo.volumes" (dict "root" $ "shm" "16Gi" 
 {{- if .presets }}
 - name: presets
   mountPath: {{ .root.Values.train.presetDir }}
+  readOnly: true
+{{- end }}
+{{- if .hfToken }}
+- name: hf-token
+  mountPath: /var/run/secrets/dapo/hf
   readOnly: true
 {{- end }}
 {{- with .extra }}
@@ -473,8 +532,7 @@ Init containers of the Ray head, in order: fix-ownership (storage.fixOwnership, 
   resources:
     {{- toYaml $v.dataPrep.resources | nindent 4 }}
   volumeMounts:
-    - name: shared
-      mountPath: {{ $v.storage.mountPath }}
+    {{- include "dapo.hubMounts" $.root | nindent 4 }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -516,21 +574,25 @@ The directories storage.fixOwnership hands to uid:gid: the mount, the data and t
 {{- end -}}
 
 {{/*
-HF_HOME and HF_TOKEN of the download steps.
+HF_HOME and the token file of the download steps (data preparation, model download), then env; their mounts.
 */}}
 {{- define "dapo.hubEnv" -}}
 - name: HF_HOME
   value: {{ .Values.storage.hfHome | quote }}
-- name: HF_TOKEN
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.secret.name | quote }}
-      key: {{ .Values.secret.hfTokenKey | quote }}
-      optional: {{ .Values.secret.hfTokenOptional }}
+- name: HF_TOKEN_PATH
+  value: /var/run/secrets/dapo/hf/token
 {{- range $k, $val := .Values.env }}
 - name: {{ $k | quote }}
   value: {{ $val | quote }}
 {{- end }}
+{{- end -}}
+
+{{- define "dapo.hubMounts" -}}
+- name: shared
+  mountPath: {{ .Values.storage.mountPath }}
+- name: hf-token
+  mountPath: /var/run/secrets/dapo/hf
+  readOnly: true
 {{- end -}}
 
 {{/*
@@ -547,25 +609,13 @@ The data preparation init container of the Ray head.
   command:
     {{- toYaml $cmd | nindent 4 }}
   env:
-    - name: HF_HOME
-      value: {{ .root.Values.storage.hfHome | quote }}
-    - name: HF_TOKEN
-      valueFrom:
-        secretKeyRef:
-          name: {{ .root.Values.secret.name | quote }}
-          key: {{ .root.Values.secret.hfTokenKey | quote }}
-          optional: {{ .root.Values.secret.hfTokenOptional }}
-    {{- range $k, $val := .root.Values.env }}
-    - name: {{ $k | quote }}
-      value: {{ $val | quote }}
-    {{- end }}
+    {{- include "dapo.hubEnv" .root | nindent 4 }}
   securityContext:
     {{- include "dapo.restrictedContainer" . | nindent 4 }}
   resources:
     {{- toYaml .root.Values.dataPrep.resources | nindent 4 }}
   volumeMounts:
-    - name: shared
-      mountPath: {{ .root.Values.storage.mountPath }}
+    {{- include "dapo.hubMounts" .root | nindent 4 }}
 {{- end -}}
 
 {{/*
@@ -632,6 +682,8 @@ spec:
         {{- include "dapo.selectorLabels" (dict "root" $root "component" (printf "%s-submitter" .kind)) | nindent 8 }}
     spec:
       restartPolicy: Never
+      # KubeRay's submitter script only talks to the head's dashboard: no API token
+      automountServiceAccountToken: {{ $v.automountServiceAccountToken }}
       {{- with $v.serviceAccountName }}
       serviceAccountName: {{ . }}
       {{- end }}
@@ -733,8 +785,7 @@ spec:
                   containerPort: 8265
                 - name: client
                   containerPort: 10001
-                - name: serve
-                  containerPort: 8000
+                # no serve port: the evaluation's Serve proxy listens on the head's loopback (dapo.eval.serve)
               env:
                 {{- include "dapo.env" (dict "root" $root "head" true "kind" .kind) | nindent 16 }}
               resources:
@@ -746,7 +797,7 @@ spec:
             {{- toYaml . | nindent 12 }}
             {{- end }}
           volumes:
-            {{- include "dapo.volumes" (dict "root" $root "shm" $v.head.shmSize "presets" .presets "extra" $v.head.extraVolumes) | nindent 12 }}
+            {{- include "dapo.volumes" (dict "root" $root "shm" $v.head.shmSize "presets" .presets "hfToken" $v.dataPrep.enabled "extra" $v.head.extraVolumes) | nindent 12 }}
     {{- if gt (int .nodes) 0 }}
     workerGroupSpecs:
       - groupName: {{ $v.worker.groupName }}
@@ -828,13 +879,13 @@ spec:
                 resources:
                   {{- toYaml $res | nindent 18 }}
                 volumeMounts:
-                  {{- include "dapo.volumeMounts" (dict "root" $root "presets" .presets "extra" $v.worker.extraVolumeMounts) | nindent 18 }}
+                  {{- include "dapo.volumeMounts" (dict "root" $root "presets" .presets "hfToken" (include "dapo.hfTokenHere" (dict "root" $root "head" false "kind" .kind)) "extra" $v.worker.extraVolumeMounts) | nindent 18 }}
                 {{- include "dapo.rayContainerCommon" (dict "root" $root "gpuCheck" (gt (int .gpus) 0)) | nindent 16 }}
               {{- with $workerSidecars.plain }}
               {{- toYaml . | nindent 14 }}
               {{- end }}
             volumes:
-              {{- include "dapo.volumes" (dict "root" $root "shm" $v.worker.shmSize "presets" .presets "extra" $v.worker.extraVolumes) | nindent 14 }}
+              {{- include "dapo.volumes" (dict "root" $root "shm" $v.worker.shmSize "presets" .presets "hfToken" (include "dapo.hfTokenHere" (dict "root" $root "head" false "kind" .kind)) "extra" $v.worker.extraVolumes) | nindent 14 }}
     {{- end }}
 {{- end -}}
 

@@ -23,10 +23,33 @@ the NetworkPolicy is networkpolicy.yaml, authOptions and the securityContexts ar
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- include "dapo.checkOpenRay" . -}}
 {{- $pod := $v.podSecurityContext | default dict -}}
 {{- $ctr := $v.securityContext | default dict -}}
 {{- if and (eq (toString $ctr.runAsUser) "0") $pod.runAsNonRoot (not (and (hasKey $ctr "runAsNonRoot") (eq (toString $ctr.runAsNonRoot) "false"))) -}}
 {{- fail "securityContext.runAsUser: 0 under podSecurityContext.runAsNonRoot: true: the kubelet refuses to start the Ray containers; also set securityContext.runAsNonRoot: false (the namespace then needs the privileged Pod Security profile)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Token auth off leaves the NetworkPolicy as the Ray head's only fence: refused without it (networkPolicy off, or
+hostNetwork, where no NetworkPolicy applies). dapo.k8s.security.check_open_ray is the twin.
+*/}}
+{{- define "dapo.checkOpenRay" -}}
+{{- $v := .Values -}}
+{{- if not $v.rayAuth.enabled -}}
+{{- $key := "" -}}
+{{- $where := "" -}}
+{{- if not $v.networkPolicy.enabled -}}
+{{- $key = "networkPolicy.enabled" -}}
+{{- $where = "false together with rayAuth.enabled: false leaves the Ray head open" -}}
+{{- else if $v.hostNetwork -}}
+{{- $key = "hostNetwork" -}}
+{{- $where = "true together with rayAuth.enabled: false leaves the Ray head open on the node's address, where no NetworkPolicy applies" -}}
+{{- end -}}
+{{- if $key -}}
+{{- fail (printf "%s: %s: whoever reaches its dashboard (8265) submits code that runs with this run's tokens and checkpoints (CVE-2023-48022, \"ShadowRay\"). Turn token authentication on (rayAuth.enabled: true, Ray >= 2.52) or keep the NetworkPolicy as the fence: networkPolicy.enabled: true and no hostNetwork (values/reference.yaml, whose Ray 2.43 has no token authentication, does)" $key $where) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 

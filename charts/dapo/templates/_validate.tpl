@@ -138,7 +138,7 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- end -}}
 
 {{- /* Environment: tokens only from the Secret, no clash with what the chart sets. */ -}}
-{{- $managed := list "HF_HOME" "WANDB_ENTITY" "RAY_memory_monitor_refresh_ms" "NVIDIA_VISIBLE_DEVICES" -}}
+{{- $managed := list "HF_HOME" "HF_TOKEN_PATH" "WANDB_ENTITY" "RAY_memory_monitor_refresh_ms" "NVIDIA_VISIBLE_DEVICES" -}}
 {{- range $where := list "env" "nccl" "train.runtimeEnv" "eval.runtimeEnv" -}}
 {{- $m := dict -}}
 {{- if eq $where "env" }}{{ $m = $v.env }}{{ else if eq $where "nccl" }}{{ $m = $v.nccl }}{{ else if eq $where "train.runtimeEnv" }}{{ $m = $v.train.runtimeEnv }}{{ else }}{{ $m = $v.eval.runtimeEnv }}{{ end -}}
