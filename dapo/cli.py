@@ -12,6 +12,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "presets": ("dapo.train.cli", "list_main", "list the presets"),
     "data": ("dapo.data.cli", "main", "prepare and validate the training / evaluation parquet files"),
     "plan": ("dapo.plan.cli", "main", "memory, tokens, time and GPU-hours of a preset before GPUs are booked"),
+    "doctor": ("dapo.k8s.doctor_cli", "main", "can this cluster run these values? before the install: dapo doctor "
+               "-n dapo -f values/full.yaml"),
     "eval": ("dapo.eval.cli", "main", "AIME-2024 avg@32 against an OpenAI-compatible endpoint (Ray Serve LLM)"),
     "wandb": ("dapo.train.dashboard_cli", "main", "the run's saved wandb dashboard: dapo wandb dashboard --entity E "
               "--project P"),

@@ -100,8 +100,8 @@ def header_for(name: str) -> str:
         "# Do not edit: change dapo/presets, values/ or charts/dapo and re-render. No namespace is set: apply with\n"
         "#   kubectl apply --server-side -n <namespace> -f <this file>\n"
         "# Without a namespace the log follower's ServiceAccount, Role and RoleBinding are left out (a RoleBinding\n"
-        "# names its ServiceAccount's namespace): it then ends the run on its attempt logs alone. For them, render\n"
-        "# with --namespace <namespace>.\n"
+        "# names its ServiceAccount's namespace): it then ends the run on its attempt logs alone; so is the start\n"
+        "# guard (dapo/k8s/start_guard.py). For them, render with --namespace <namespace>.\n"
     )
 
 

@@ -1,6 +1,6 @@
 """The suite's stand-in Kubernetes API server: a small HTTP server that holds real-shaped objects and answers what
 the API server answers for them -- GET of one object at its path, lists with ``labelSelector`` / ``fieldSelector``,
-404 as a ``Status``, 403 for what the caller may not read -- so that the project's own API readers (the log
+DELETE (recorded in ``deleted``), 404 as a ``Status``, 403 for what the caller may not read -- so that the project's own API readers (the log
 follower's urllib client, ``dapo doctor``'s kubernetes client, Helm's ``lookup``) talk to it as to a cluster.
 
     api = StandInApi()
@@ -38,9 +38,11 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "CustomResourceDefinition": ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "RayJob": ("/apis/ray.io/v1", "rayjobs", True),
-    "LocalQueue": ("/apis/kueue.x-k8s.io/v1beta1", "localqueues", True),
-    "ClusterQueue": ("/apis/kueue.x-k8s.io/v1beta1", "clusterqueues", False),
+    "Job": ("/apis/batch/v1", "jobs", True),
+    "LocalQueue": ("/apis/kueue.x-k8s.io/v1beta2", "localqueues", True),
+    "ClusterQueue": ("/apis/kueue.x-k8s.io/v1beta2", "clusterqueues", False),
     "NodePool": ("/apis/karpenter.sh/v1", "nodepools", False),
+    "Network": ("/apis/networking.gke.io/v1", "networks", False),
 }
 PLURALS = {plural: kind for kind, (_, plural, _) in KINDS.items()}
 
@@ -107,6 +109,7 @@ class StandInApi:
         self.store: dict[tuple[str, str, str], dict[str, dict]] = {}  # (prefix, plural, namespace) -> name -> object
         self.forbidden: set[str] = set()
         self.requests: list[str] = []
+        self.deleted: list[str] = []  # the path and query of every DELETE it answered
         for obj in objects:
             self.put(obj)
         outer = self
@@ -115,6 +118,13 @@ class StandInApi:
             def do_GET(self):
                 outer.requests.append(self.path)
                 code, body = outer.answer(self.path)
+                self.send_json(code, body)
+
+            def do_DELETE(self):
+                code, body = outer.answer(self.path)
+                if code == 200:
+                    outer.deleted.append(self.path)
+                    outer.drop(self.path.partition("?")[0])
                 self.send_json(code, body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -141,6 +151,13 @@ class StandInApi:
     def remove(self, kind: str, name: str, namespace: str = "default") -> None:
         prefix, plural, namespaced = KINDS[kind]
         self.store.get((prefix, plural, namespace if namespaced else ""), {}).pop(name, None)
+
+    def drop(self, path: str) -> None:
+        """Remove the object at an API path (a DELETE)."""
+        for (prefix, plural, ns), objs in self.store.items():
+            where = f"{prefix}/namespaces/{ns}/{plural}/" if ns else f"{prefix}/{plural}/"
+            if path.startswith(where):
+                objs.pop(path[len(where):], None)
 
     def forbid(self, *plurals: str) -> None:
         self.forbidden.update(plurals)

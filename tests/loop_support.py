@@ -146,5 +146,6 @@ def assert_the_kept_best_has_the_best_validation(run_dir, save_freq: int, total_
     root = checkpoint_root(run_dir)
     assert best_step(root) == step, (f"kept best {best_record(root)}, the run's best validation: step {step} "
                                      f"({score}) of {validated}")
-    assert abs(best_record(root)["score"] - score) < 1e-9 and step in complete_steps(root)
+    assert abs(best_record(root)["score"] - score) < 1e-9, f"kept best {best_record(root)}, its logged score {score}"
+    assert step in complete_steps(root), (step, complete_steps(root))
     return step, score

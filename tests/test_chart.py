@@ -55,9 +55,12 @@ def test_every_values_file_lints_strict_and_renders_its_preset(name):
         return
     pdb = ["PodDisruptionBudget"] if values.get("disruption", {}).get("podDisruptionBudget") else []
     preflight = ["Job"] if name != "tiny" else []  # a GPU training run's preflight (tests/test_preflight_chart.py)
+    # and, without a queue, its start guard and the guard's RBAC (tests/test_start_guard.py)
+    guard = ["Job", "Role", "RoleBinding", "ServiceAccount"] if preflight and not values.get("queue") else []
     assert kinds == sorted(["ConfigMap", "NetworkPolicy", "PersistentVolumeClaim", "RayJob"] + pdb + follower
-                           + preflight)
+                           + preflight + guard)
     assert (("Job", f"{release}-preflight") in objects) == bool(preflight)
+    assert (("Job", f"{release}-train-start") in objects) == bool(guard)
     job = objects[("RayJob", f"{release}-train")]
     if values.get("train", {}).get("runner") == "reference":  # the upstream recipe; see tests/test_reference.py
         assert " python3 -m recipe.dapo.src.main_dapo " in job["spec"]["entrypoint"]

@@ -96,8 +96,11 @@ def test_logs_disabled_leaves_no_follower_and_no_rbac_in_helm_and_render_py():
     extra = {"logs": {"enabled": False}, "storage": {"storageClassName": "rwx-class"}}
     for objects in (helm_objects(user_values([VALUES_DIR / "full.yaml"], extra)),
                     python_objects([VALUES_DIR / "full.yaml"], extra=extra)):
-        kinds = {o["kind"] for o in objects if o["metadata"]["name"] != "dapo-preflight"}
+        kinds = {o["kind"] for o in objects if o["metadata"]["name"] not in ("dapo-preflight", "dapo-train-start")}
         assert not kinds & {"Job", "Role", "RoleBinding", "ServiceAccount"}, kinds
+        guard = [o for o in objects if o["metadata"]["name"] == "dapo-train-start"]  # no follower Job to delete
+        role = next(o for o in guard if o["kind"] == "Role")
+        assert not [r for r in role["rules"] if r["resources"] == ["jobs"]]
 
 
 def test_without_a_namespace_render_py_leaves_the_rbac_out_and_says_so():

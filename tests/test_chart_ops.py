@@ -133,12 +133,15 @@ def test_long_runs_submit_over_http_with_per_attempt_deadlines(name):
     # HTTPMode: no submitter whose backoffLimit counts `ray job logs --follow` failures over weeks
     assert spec["submissionMode"] == "HTTPMode"
     assert "submitterPodTemplate" not in spec and "submitterConfig" not in spec
-    assert spec["preRunningDeadlineSeconds"] == 7200
+    assert spec["preRunningDeadlineSeconds"] == 1800  # after the preflight: scale-up, pulls, the model download
     per_attempt = spec["activeDeadlineSeconds"]
     notes = helm_notes(values, release=release)
     total = (spec["backoffLimit"] + 1) * per_attempt
     assert f"all attempts together at most {total} s" in notes
-    assert "An attempt that is not Running 7200 s after it started" in notes
+    assert "An attempt that is not Running 1800 s after it started" in notes
+    assert f"the start guard (job/{release}-train-start) deletes a run whose pods never started" in notes
+    queued = helm_notes(user_values(files + [VALUES_DIR / "kueue.yaml"]), release=release)
+    assert "Not Running 3600 s".lower() in queued.lower() and "Kueue admits the run whole" in queued
     assert "counts against submitterConfig.backoffLimit" not in notes
     k8s_job = helm_notes(user_values(files, {"train": {"submissionMode": "K8sJobMode"}}), release=release)
     assert "K8sJobMode: every broken `ray job logs --follow` of the submitter counts" in k8s_job

@@ -23,10 +23,10 @@ def test_the_first_screen_holds_the_local_and_the_cluster_commands():
 def test_the_cluster_path_gets_the_images_first_and_points_the_chart_at_them():
     head = "\n".join(README.splitlines()[:FIRST_SCREEN])
     steps = ["make images REGISTRY=", "helm upgrade --install kuberay-operator", "create secret generic",
-             "helm upgrade --install dapo charts/dapo", "kubectl logs -n dapo -f job/dapo-train-logs"]
+             "dapo doctor -n dapo", "helm upgrade --install dapo charts/dapo", "kubectl logs -n dapo -f job/dapo-train-logs"]
     at = [head.index(step) for step in steps]
-    assert at == sorted(at), "the cluster path: images, operator, Secret, helm install, kubectl logs -f"
-    install = head[at[3]:at[4]]
+    assert at == sorted(at), "the cluster path: images, operator, Secret, dapo doctor, helm install, kubectl logs -f"
+    install = head[at[4]:at[5]]
     assert '--set image.repository="$REGISTRY/dapo"' in install
     assert '--set eval.image.repository="$REGISTRY/dapo-eval"' in install
 
@@ -42,7 +42,7 @@ def test_the_readme_links_every_doc_and_every_link_resolves():
 def test_the_install_line_can_be_run_again_after_a_failed_preflight():
     # `helm install` refuses a name in use after a failed install; `helm upgrade --install` installs again, and the
     # preflight is a pre-upgrade hook too while the RayJob does not exist (tests/test_preflight_chart.py)
-    head = "\n".join(README.splitlines()[:FIRST_SCREEN])
+    head = " ".join("\n".join(README.splitlines()[:FIRST_SCREEN]).split())
     assert "helm install dapo " not in head
     assert "kubectl -n dapo logs job/dapo-preflight --all-containers" in head
 
@@ -51,12 +51,26 @@ def test_the_render_line_renders_what_the_install_line_installs_and_names_early_
     import yaml
 
     head = " ".join("\n".join(README.splitlines()[:FIRST_SCREEN]).split())
-    install = re.search(r"helm upgrade --install dapo charts/dapo -n (\S+) -f values/(\w+)\.yaml(.*?)#", head, re.S)
-    render = re.search(r"`python scripts/render.py --preset (\w+) -n (\S+)` with the same (\w+) `--set` items", head)
+    install = re.search(r"helm upgrade --install dapo charts/dapo -n (\S+) -f values/(\w+)\.yaml((?: -f values/\w+\.yaml)*)"
+                        r"(.*?)#", head)
+    render = re.search(r"`python scripts/render.py --preset (\w+)((?: -f values/\w+\.yaml)*) -n (\S+)` with the same "
+                       r"(\w+) `--set` items", head)
     assert install and render, head
-    assert (render.group(1), render.group(2)) == (install.group(2), install.group(1))
-    sets = re.findall(r"--set ", install.group(3))
-    assert render.group(3) == {2: "two", 3: "three", 4: "four"}[len(sets)]
+    assert (render.group(1), render.group(2), render.group(3)) == (install.group(2), install.group(3), install.group(1))
+    sets = re.findall(r"--set ", install.group(4))
+    assert render.group(4) == {2: "two", 3: "three", 4: "four"}[len(sets)]
     plan = yaml.safe_load((ROOT / "charts" / "dapo" / "files" / "requirements.yaml").read_text())["presets"]["early"]
     assert (f"`--preset early` is the AIME-44 recipe, {plan['plan']['rolloutSteps']:,} rollout steps "
             f"(~{round(plan['plan']['gpuHours'], -3):,} GPU-hours in `dapo plan`)") in head
+
+
+def test_dapo_doctor_checks_the_values_the_install_line_installs_before_it():
+    head = " ".join("\n".join(README.splitlines()[:FIRST_SCREEN]).split())
+    doctor = re.search(r"dapo doctor -n (\S+)((?: -f values/\w+\.yaml)+)(.*?)#", head)
+    install = re.search(r"helm upgrade --install dapo charts/dapo -n (\S+)((?: -f values/\w+\.yaml)+)(.*?)#", head)
+    assert doctor and install and doctor.start() < install.start()
+    assert doctor.groups()[:2] == install.groups()[:2]
+    assert "values/kueue.yaml" in install.group(2)  # gang admission on the README's path
+    # the install's --set items that the release's objects depend on (eval.image is the later eval release's)
+    sets = set(re.findall(r"--set (\S+)", install.group(3))) - {'eval.image.repository="$REGISTRY/dapo-eval"'}
+    assert set(re.findall(r"--set (\S+)", doctor.group(3))) == sets

@@ -9,7 +9,9 @@
   of every GPU worker, the ``helm test`` GPU pod);
 - ``python -m dapo.cluster.preflight`` (:mod:`~dapo.cluster.preflight`), the preflight Job's checks before any RayJob
   holds a GPU: the node's driver, the claim (ReadWriteMany, writable by the image's user, fast enough for the preset's
-  checkpoints).
+  checkpoints);
+- ``python -m dapo.cluster.start_guard`` (:mod:`~dapo.cluster.start_guard`), the start guard Job's program: without a
+  gang scheduler, a RayJob whose first attempt failed before it ran is deleted instead of retried as it was.
 
 Every module here runs in whichever image the pod runs -- the training image, the evaluation image, the
 reproduction image (Python 3.10, our package without extras) -- so they use the standard library only (the GPU

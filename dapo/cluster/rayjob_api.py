@@ -1,7 +1,8 @@
 """A RayJob's status read from the Kubernetes API, for the log follower (:mod:`dapo.cluster.follow`).
 
 One request, ``GET /apis/ray.io/v1/namespaces/<ns>/rayjobs/<name>``, with the pod's service-account token: all the
-RBAC it needs is ``get`` on ``rayjobs`` of that name (the chart's Role). :meth:`RayJobApi.list_json` lists the
+RBAC it needs is ``get`` on ``rayjobs`` of that name (the chart's Role). :meth:`RayJobApi.delete` is the start guard's
+(:mod:`dapo.cluster.start_guard`, a Role of its own), never the follower's. :meth:`RayJobApi.list_json` lists the
 namespace's pods and events for :mod:`dapo.cluster.waits` (``list`` on both, the same Role). Standard library only (``urllib``, ``ssl``):
 the follower runs in whichever image its RayJob runs -- the training image, the evaluation image, or the
 reproduction image (Python 3.10, our package without extras) -- and none of them carries the ``kubernetes`` client.
@@ -148,3 +149,20 @@ class RayJobApi:
             raise OSError(f"HTTP {exc.code} for GET {url}") from None
         except ValueError as exc:  # not JSON
             raise OSError(f"GET {url}: unreadable answer ({exc})") from None
+
+    def delete(self, path: str) -> bool:
+        """``DELETE`` of ``path`` (an object of this namespace; its dependents deleted in the background); False when
+        it was already gone. Raises :class:`ApiUnavailable` on 401/403 and ``OSError`` on anything else."""
+        url = f"{self.server}{path}?propagationPolicy=Background"
+        req = urllib.request.Request(url, method="DELETE", headers={"Accept": "application/json"})
+        if self.token_file is not None:
+            req.add_header("Authorization", f"Bearer {self.token_file.read_text().strip()}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.context):
+                return True
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return False
+            if exc.code in (401, 403):
+                raise ApiUnavailable(f"HTTP {exc.code} for DELETE {url}: the service account may not delete it") from None
+            raise OSError(f"HTTP {exc.code} for DELETE {url}") from None

@@ -16,8 +16,15 @@ chart ``charts/dapo``. ``scripts/render.py`` is the command line; tests check bo
 - :mod:`dapo.k8s.rules`: KubeRay controller rules that the CRD schemas do not encode.
 - :mod:`dapo.k8s.security`: Ray token auth (``authOptions``), the NetworkPolicy, the restricted securityContexts,
   the Pod Security profile the values need.
+- :mod:`dapo.k8s.start_guard`: the start guard Job (post-install hook, no gang scheduler): a run whose pods never
+  started is stopped instead of retried blindly.
 - :mod:`dapo.k8s.capacity`: where a pod of the chart fits on the cluster's nodes (selectors, affinity, taints,
   allocatable minus the requests of running pods) and what an autoscaler says it can add: for ``dapo doctor``.
+- :mod:`dapo.k8s.doctor`, :mod:`dapo.k8s.doctor_checks`, ``dapo.k8s.doctor_cli`` (``dapo doctor``): whether the
+  cluster can run the release, read through the ``kubernetes`` client with the user's kubeconfig before anything is
+  installed. They live here, not in :mod:`dapo.cluster`: they need this package's values loading and renderer (the
+  same ``-f`` / ``--set`` as Helm and ``scripts/render.py``) and the client, and ``dapo.cluster`` -- the programs
+  inside the pods, in every image -- is held to the standard library (tests/test_layout.py).
 """
 
 from __future__ import annotations

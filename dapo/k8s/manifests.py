@@ -25,6 +25,8 @@ Objects (K = fullname), and the module that builds each:
 - NetworkPolicy ``K-ray`` (``networkPolicy.enabled``, :mod:`dapo.k8s.security`): the Ray pods accept ingress only
   from the release's pods and the KubeRay operator (dashboard port).
 - PodDisruptionBudget ``K-train`` (``disruption.podDisruptionBudget``): maxUnavailable 0 over the training pods (here).
+- ServiceAccount, Role, RoleBinding and Job ``K-train-start`` (``train.startGuard`` without a queue, post-install /
+  post-upgrade hooks, :mod:`dapo.k8s.start_guard`): a first attempt that fails before it ran is deleted, not retried.
 - helm test pods (:mod:`dapo.k8s.helm_tests`; :meth:`Chart.test_pods`, not in :meth:`Chart.objects`):
   ``K-test-shared``, ``K-test-gpu``.
 
@@ -41,9 +43,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dapo.k8s.followers import LogFollowers
 from dapo.k8s.helm_tests import HelmTestPods
 from dapo.k8s.preflight import PreflightJob
+from dapo.k8s.start_guard import StartGuard
 from dapo.k8s.presets import preset_files
 from dapo.k8s.security import NetworkPolicies
 
@@ -51,7 +53,7 @@ from dapo.k8s.security import NetworkPolicies
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 
 
-class Chart(LogFollowers, HelmTestPods, NetworkPolicies, PreflightJob):
+class Chart(StartGuard, HelmTestPods, NetworkPolicies, PreflightJob):
     """Every object of the chart: the ConfigMap, PDB and PVC here, the RayJobs (:class:`dapo.k8s.rayjobs.RayJobs`),
     their log followers (:class:`dapo.k8s.followers.LogFollowers`), the helm test pods
     (:class:`dapo.k8s.helm_tests.HelmTestPods`)."""
@@ -76,7 +78,7 @@ class Chart(LogFollowers, HelmTestPods, NetworkPolicies, PreflightJob):
             out.append(self.train_rayjob())
         if self.v["eval"]["enabled"]:
             out.append(self.eval_rayjob())
-        return out
+        return out + self.start_guard_objects()
 
     def preset_configmap(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,70 @@
+"""``dapo doctor``: the command line of :mod:`dapo.k8s.doctor` -- whether this cluster can run the release these
+values describe, before anything is installed.
+
+    dapo doctor -n dapo -f values/full.yaml --set storage.storageClassName=fsx-lustre --set image.repository=...
+
+``-f`` / ``--set`` are those of ``helm upgrade --install`` and ``scripts/render.py`` (the same values loading,
+:func:`dapo.k8s.load_values`); the cluster is the kubeconfig's (``--kubeconfig``, ``--context``). Prints one table and
+exits 1 when a check failed (the run cannot start as installed), 2 when the values are refused or the API server
+cannot be reached, 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "dapo"
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dapo doctor", description="Whether this cluster can run the release these "
+                                 "values describe, checked before anything is installed (docs/deploy.md): one table; "
+                                 "exit 1 when the run cannot start, 2 when the values are refused or the API server "
+                                 "cannot be reached.")
+    ap.add_argument("-f", "--values", action="append", default=[], type=Path, metavar="FILE",
+                    help="values file, as helm -f (repeatable)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="chart value, as helm --set")
+    ap.add_argument("-n", "--namespace", default=None, help="the release's namespace (default: the kubeconfig's)")
+    ap.add_argument("--release", default="dapo", help="the release name (default: dapo)")
+    ap.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+    ap.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
+    ap.add_argument("--chart", type=Path, default=CHART, help="the chart directory (default: this checkout's)")
+    return ap
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    from dapo.config import ConfigError
+    from dapo.k8s import ValuesError, load_values, render_objects
+    from dapo.k8s.doctor import CannotRead, Cluster, Doctor, exit_code, table
+    from dapo.k8s.doctor_checks import run
+
+    try:
+        cluster = Cluster(args.kubeconfig, args.context)
+        cluster.get("/version")
+    except CannotRead as exc:
+        print(f"dapo doctor: {exc}", file=sys.stderr)
+        return 2
+    namespace = args.namespace or cluster.namespace
+    try:
+        values = load_values(args.chart, args.values, args.set)
+        objects = render_objects(args.chart, args.values, args.set, release=args.release, namespace=namespace)
+    except (ValuesError, ConfigError) as exc:
+        print(f"dapo doctor: {exc}", file=sys.stderr)
+        return 2
+    rows = run(Doctor(values, objects, namespace, cluster))
+    print(f"dapo doctor: release {args.release} in namespace {namespace}, {cluster.client.configuration.host}")
+    print(table(rows))
+    counts = Counter(r.verdict for r in rows)
+    code = exit_code(rows)
+    verdict = "the run cannot start as these values install it" if code else "nothing found that stops the run"
+    print(f"\n{counts['ok']} ok, {counts['warn']} warn, {counts['FAIL']} FAIL: {verdict}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

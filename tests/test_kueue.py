@@ -1,0 +1,146 @@
+"""Gang admission with Kueue: the samples in k8s/kueue.yaml (ResourceFlavors, ClusterQueue, LocalQueue) validate
+against Kueue v0.19.2's own CRDs (tests/fixtures/kueue, pinned here against every place that names the version);
+the chart with values/kueue.yaml renders a RayJob with the LocalQueue's label that Kueue's RayJob webhook (v0.19.2,
+pkg/controller/jobs/rayjob/rayjob_webhook.go and raycluster/common.go) admits, whose pods the ClusterQueue covers and
+fits, the head on the CPU flavor and the workers on the GPU one; the manager's waitForPodsReady settings are the
+ones docs/deploy.md counts on; and dapo doctor's queue check passes on exactly these objects."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import ROOT
+from k8s_support import VALUES_DIR, by_key, helm_objects, python_objects, user_values
+from test_manifests_schema import _strict
+
+KUEUE_VERSION = "0.19.2"
+FIXTURES = ROOT / "tests" / "fixtures" / "kueue"
+SAMPLES = list(yaml.safe_load_all((ROOT / "k8s" / "kueue.yaml").read_text()))
+FILES = [VALUES_DIR / "full.yaml", VALUES_DIR / "eks-p5.yaml", VALUES_DIR / "kueue.yaml"]
+
+
+def validator(kind: str, version: str = "v1beta2") -> jsonschema.Draft202012Validator:
+    plural = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues"}[kind]
+    crd = json.loads((FIXTURES / f"kueue.x-k8s.io_{plural}.json").read_text())
+    (ver,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
+    return jsonschema.Draft202012Validator(_strict(ver["schema"]["openAPIV3Schema"]))
+
+
+def test_the_samples_validate_against_kueues_crds():
+    assert sorted(o["kind"] for o in SAMPLES) == ["ClusterQueue", "LocalQueue", "ResourceFlavor", "ResourceFlavor"]
+    for obj in SAMPLES:
+        assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+        errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator(obj["kind"]).iter_errors(obj)]
+        assert not errors, (obj["metadata"]["name"], errors)
+
+
+def test_the_strict_validator_catches_a_misspelled_field():
+    cq = next(o for o in SAMPLES if o["kind"] == "ClusterQueue")
+    bad = json.loads(json.dumps(cq))
+    bad["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuotas"] = "1"
+    assert list(validator("ClusterQueue").iter_errors(bad))
+
+
+def test_the_kueue_version_is_pinned_in_one_place_and_named_alike_everywhere():
+    readme = (FIXTURES / "README.md").read_text()
+    assert f"tag `v{KUEUE_VERSION}`" in readme
+    for path in ("k8s/kueue.yaml", "k8s/kueue-values.yaml", "docs/deploy.md", "README.md"):
+        text = (ROOT / path).read_text()
+        versions = set(re.findall(r"kueue/charts/kueue --version (\S+)", text))
+        assert versions == {KUEUE_VERSION}, (path, versions)
+
+
+@pytest.mark.parametrize("render", ["helm", "python"])
+def test_the_rayjob_carries_the_local_queues_label_and_passes_kueues_rayjob_webhook(render):
+    objs = by_key(helm_objects(user_values(FILES)) if render == "helm" else python_objects(FILES))
+    job = objs[("RayJob", "dapo-train")]
+    lq = next(o for o in SAMPLES if o["kind"] == "LocalQueue")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == lq["metadata"]["name"]
+    assert objs[("Job", "dapo-preflight")]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == lq["metadata"]["name"]
+    spec = job["spec"]
+    # Kueue v0.19.2's RayJob webhook: a RayClusterSpec of its own, shutdownAfterJobFinishes, no in-tree autoscaling,
+    # at most 17 worker groups, none named "head"
+    assert "clusterSelector" not in spec and spec["shutdownAfterJobFinishes"] is True
+    cluster = spec["rayClusterSpec"]
+    assert not cluster.get("enableInTreeAutoscaling")
+    assert len(cluster["workerGroupSpecs"]) <= 17 and all(g["groupName"] != "head" for g in cluster["workerGroupSpecs"])
+    assert not spec.get("suspend")  # Kueue's to set
+    # no start guard with a gang scheduler: Kueue's waitForPodsReady is the authority
+    assert not [k for k in objs if k[1].endswith("-train-start")]
+
+
+def _requests(pod_spec: dict) -> dict:
+    from dapo.k8s.capacity import pod_requests
+
+    return pod_requests(pod_spec)
+
+
+def test_the_cluster_queue_covers_and_fits_the_run_head_on_cpu_workers_on_gpu():
+    from dapo.k8s.capacity import quantity, tolerates
+
+    job = by_key(python_objects(FILES))[("RayJob", "dapo-train")]
+    cluster = job["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    group = cluster["workerGroupSpecs"][0]
+    workers = group["template"]["spec"]
+    cq = next(o for o in SAMPLES if o["kind"] == "ClusterQueue")
+    flavors = {o["metadata"]["name"]: o["spec"] for o in SAMPLES if o["kind"] == "ResourceFlavor"}
+    (rg,) = cq["spec"]["resourceGroups"]
+    covered = set(rg["coveredResources"])
+    assert set(_requests(head)) | set(_requests(workers)) <= covered
+    lq = next(o for o in SAMPLES if o["kind"] == "LocalQueue")
+    assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"]
+
+    def flavor_for(pod_spec: dict) -> str:
+        """Kueue's first flavor, in the ClusterQueue's order, whose taints the pod set tolerates."""
+        return next(f["name"] for f in rg["flavors"] if all(
+            tolerates(pod_spec.get("tolerations") or [], t) for t in flavors[f["name"]].get("nodeTaints") or []))
+    assert flavor_for(workers) == "gpu-pool" and flavor_for(head) == "cpu-pool"
+    quota = {f["name"]: {r["name"]: quantity(r["nominalQuota"]) for r in f["resources"]} for f in rg["flavors"]}
+    replicas = int(group["replicas"])
+    for name, need in _requests(workers).items():
+        assert quota["gpu-pool"][name] >= need * replicas, name
+    for name, need in _requests(head).items():
+        assert quota["cpu-pool"][name] >= need, name
+
+
+def test_wait_for_pods_ready_evicts_a_partial_admission_and_does_not_requeue_it():
+    values = yaml.safe_load((ROOT / "k8s" / "kueue-values.yaml").read_text())
+    config = yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
+    assert config["apiVersion"] == "config.kueue.x-k8s.io/v1beta2" and config["kind"] == "Configuration"
+    wait = config["waitForPodsReady"]
+    assert (wait["timeout"], wait["recoveryTimeout"], wait["blockAdmission"]) == ("30m", "0s", True)
+    assert wait["requeuingStrategy"]["backoffLimitCount"] == 0
+    assert {"ray.io/rayjob", "batch/job"} <= set(config["integrations"]["frameworks"])
+    # KubeRay's pre-running deadline is a later backstop than Kueue's eviction, not a race with it
+    kueue = yaml.safe_load((VALUES_DIR / "kueue.yaml").read_text())
+    assert kueue["train"]["preRunningDeadlineSeconds"] > 30 * 60
+
+
+def test_dapo_doctor_passes_its_queue_check_on_these_objects(tmp_path):
+    from api_standin import StandInApi
+    from dapo.k8s import load_values, render_objects
+    from dapo.k8s.doctor import Cluster, Doctor
+    from dapo.k8s.doctor_checks import kueue
+    from k8s_support import CHART_DIR, STAND_IN
+    from test_doctor import kueue_crd
+
+    api = StandInApi([kueue_crd(p) for p in ("localqueues", "clusterqueues", "workloads")])
+    try:
+        for obj in SAMPLES:
+            if obj["kind"] != "ResourceFlavor":
+                api.put(json.loads(json.dumps(obj)))
+        config = api.kubeconfig(tmp_path, namespace="dapo")
+        values = load_values(CHART_DIR, FILES, extra=STAND_IN)
+        objects = render_objects(CHART_DIR, FILES, extra=STAND_IN, namespace="dapo")
+        (row,) = kueue(Doctor(values, objects, "dapo", Cluster(str(config))))
+    finally:
+        api.close()
+    assert row.verdict == "ok", row
+    assert row.found == "LocalQueue dapo -> ClusterQueue dapo: nvidia.com/gpu quota 128"
