@@ -22,8 +22,26 @@ VALUES_DIR = ROOT / "values"
 # The cluster the tests render for, layered after the values files and before a test's own values: its images exist
 # under the chart's default names, its ReadWriteMany class is rwx-class (what `scripts/render.py --all` renders for:
 # RENDER_CLUSTER there). Without it the chart refuses the unpublished default images and the values files'
-# placeholder class (dapo.k8s.install_rules); stand_in=False renders without it.
+# placeholder class (dapo.k8s.install_rules); stand_in=False renders without it. Its network is InfiniBand: a run on
+# more than one GPU node whose values declare no fabric gets fabric.expect ib (the chart refuses such a run otherwise:
+# dapo.k8s.fabric), as scripts/render.py's RENDER_FABRIC renders those sets.
 STAND_IN = {"image": {"published": True}, "storage": {"storageClassName": "rwx-class"}}
+STAND_IN_FABRIC = {"fabric": {"expect": "ib"}}
+
+
+def stand_in_fabric(files=(), values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """STAND_IN_FABRIC when these values make a multi-node GPU run that declares no fabric, else {}."""
+    from dapo.k8s import load_values
+    from dapo.k8s.fabric import multi_node
+    from dapo.k8s.presets import ValuesError, merged_preset
+    from dapo.k8s.values import placement
+
+    try:
+        v = load_values(CHART_DIR, list(files), (), copy.deepcopy(values or {}))
+        pl = placement(v, merged_preset(v["preset"]))
+    except (ValuesError, FileNotFoundError, KeyError):  # the render reports what is wrong
+        return {}
+    return copy.deepcopy(STAND_IN_FABRIC) if multi_node(v, pl) and not v["fabric"]["expect"] else {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,8 +66,9 @@ def chart():
 
 
 def on_stand_in(values: dict[str, Any]) -> dict[str, Any]:
-    """STAND_IN with these values over it (a copy)."""
-    return _merge(copy.deepcopy(STAND_IN), copy.deepcopy(values))
+    """STAND_IN with these values over it (a copy), and its fabric where the run needs one."""
+    out = _merge(copy.deepcopy(STAND_IN), copy.deepcopy(values))
+    return _merge(out, stand_in_fabric(values=out))
 
 
 def user_values(files: list[Path] | tuple[Path, ...], extra: dict[str, Any] | None = None, *,
@@ -63,6 +82,8 @@ def user_values(files: list[Path] | tuple[Path, ...], extra: dict[str, Any] | No
         out = _merge(out, copy.deepcopy(STAND_IN))
     if extra:
         out = _merge(out, extra)
+    if stand_in:
+        out = _merge(out, stand_in_fabric(values=out))
     return out
 
 
@@ -71,6 +92,7 @@ def helm_render(values: dict[str, Any], *, release: str = "dapo", namespace: str
     """`helm template` of these user values; STAND_IN beneath them unless stand_in is False."""
     if stand_in:
         values = _merge(copy.deepcopy(STAND_IN), values)
+        values = _merge(values, stand_in_fabric(values=values))
     return chart().render(copy.deepcopy(values), name=release, namespace=namespace)
 
 
@@ -108,6 +130,7 @@ def python_objects(files, *, release: str = "dapo", namespace: str | None = "ml"
                    extra: dict[str, Any] | None = None, stand_in: bool = True) -> list[dict[str, Any]]:
     if stand_in:
         extra = _merge(copy.deepcopy(STAND_IN), extra or {})
+        extra = _merge(extra, stand_in_fabric(files, extra))
     return render_objects(CHART_DIR, list(files), release=release, namespace=namespace, extra=extra)
 
 

@@ -622,7 +622,8 @@ def test_render_py_apply_applies_the_upgrade_guard_before_applying_anything(monk
     monkeypatch.setattr(kconfig, "load_kube_config", lambda *a, **k: None)
     monkeypatch.setattr(dynamic, "DynamicClient", lambda *a, **k: fake)
     argv = ["--preset", "full", "--namespace", "ml", "--apply", "--set", "image.published=true", "--set",
-            "storage.storageClassName=rwx-class"] + (["--set", f"nodes={nodes}"] if nodes else [])
+            "storage.storageClassName=rwx-class", "--set", "fabric.expect=ib"] + (["--set", f"nodes={nodes}"] if nodes
+                                                                                 else [])
     rc = render_script().main(argv)
     err = capsys.readouterr().err
     if refused_:

@@ -12,9 +12,11 @@ one of those programs, and checked without a cluster:
   object named by kind and name (`job/dapo-train-logs`, `rayjob dapo-train`, `svc/...-head-svc`, `pvc dapo-shared`)
   is one the chart renders for a documented release (or KubeRay creates from it).
 
-Placeholders are filled in (`$VAR` and `$(...)` with a dummy word, `<release>` with one that skips the name check,
-`[optional args]` dropped, an argument abbreviated as `...` with a dummy word); a bare name in prose (`dapo eval`,
-`dapo report RUN`) is a mention, not a command."""
+Placeholders are filled in (the variables of DOC_VARIABLES with what a user puts there -- a command with `$CLOUD` is
+checked once per cloud file --, any other `$VAR` and `$(...)` with a dummy word, `<release>` with one that skips the
+name check, `[optional args]` dropped, an argument abbreviated as `...` with a dummy word); a bare name in prose
+(`dapo eval`, `dapo report RUN`) is a mention, not a command. A documented install renders as written: no stand-in
+cluster (tests/k8s_support.STAND_IN) sets image.published, a storage class or a fabric behind the document's back."""
 
 from __future__ import annotations
 
@@ -37,6 +39,9 @@ PROGRAMS = ("helm ", "kubectl ", "dapo ", "python -m dapo", "python scripts/rend
 CLUSTER_HELM = {"test", "status", "uninstall", "repo", "list", "rollback", "get", "history"}
 KUBECTL_VERBS = {"get", "logs", "describe", "exec", "port-forward", "create", "apply", "delete", "wait", "rollout",
                  "drain", "cordon", "uncordon", "label", "annotate", "patch", "top", "cp", "edit", "explain"}
+# what the docs' variables stand for (README: $REGISTRY, $RWX_CLASS, $CLOUD), as a user fills them in
+DOC_VARIABLES = {"REGISTRY": ("registry.example.com/ml",), "RWX_CLASS": ("rwx-class",),
+                 "CLOUD": ("eks-p5", "gke-a3-mega", "gke-a3-high", "gke-a3-ultra")}
 KINDS = {"job": "Job", "jobs": "Job", "rayjob": "RayJob", "rayjobs": "RayJob", "pvc": "PersistentVolumeClaim",
          "svc": "Service", "service": "Service", "configmap": "ConfigMap", "cm": "ConfigMap"}
 
@@ -87,12 +92,23 @@ def _split(command: str) -> list[list[str]]:
     return [a for a in argvs if a]
 
 
+def _variants(command: str) -> list[str]:
+    """The command once per combination of the DOC_VARIABLES it uses, each filled in."""
+    out = [command]
+    for name, values in DOC_VARIABLES.items():
+        pattern = re.compile(r"\$\{?" + name + r"\}?(?![A-Za-z0-9_])")
+        if pattern.search(command):
+            out = [pattern.sub(value, c) for c in out for value in values]
+    return out
+
+
 def _all_commands() -> list[tuple[str, list[str]]]:
     out = []
     for doc in DOCS:
         for command in _commands_of(doc.read_text()):
-            for argv in _split(command):
-                out.append((doc.relative_to(ROOT).as_posix(), argv))
+            for variant in _variants(command):
+                for argv in _split(variant):
+                    out.append((doc.relative_to(ROOT).as_posix(), argv))
     return out
 
 
@@ -180,7 +196,7 @@ def _check_helm(argv: list[str]) -> str:
     if a.sub not in ("install", "upgrade", "template") or "charts/dapo" not in a.args:
         return "cluster" if a.sub in CLUSTER_HELM or a.sub in ("install", "upgrade") else f"unknown helm {a.sub}"
     release = next((x for x in a.args if x != "charts/dapo"), "dapo")
-    values = user_values([ROOT / f for f in a.values])
+    values = user_values([ROOT / f for f in a.values], stand_in=False)
     for item, string in [(s, False) for s in a.set] + [(s, True) for s in a.set_string]:
         path, _, raw = item.partition("=")
         if not _schema_has(path):

@@ -171,10 +171,10 @@ def _entrypoint(objects) -> str:
 
 
 @pytest.mark.parametrize("fab, args", [
-    ({"check": True, "expect": "efa", "minBusBandwidthGBps": 25}, "--fabric-check=efa --fabric-min-busbw=25"),
-    ({"check": True, "expect": "tcpxo", "minBusBandwidthGBps": 12.5}, "--fabric-check=tcpxo --fabric-min-busbw=12.5"),
-    ({"check": True, "expect": "ib", "minBusBandwidthGBps": None}, "--fabric-check=ib placement.nodes="),
-    ({"check": False, "expect": "efa", "minBusBandwidthGBps": None}, "full.yaml placement.nodes="),
+    ({"expect": "efa", "minBusBandwidthGBps": 25}, "--fabric-check=efa --fabric-min-busbw=25 placement.nodes="),
+    ({"expect": "tcpxo", "minBusBandwidthGBps": 12.5}, "--fabric-check=tcpxo --fabric-min-busbw=12.5"),
+    ({"expect": "ib", "recheck": "2026-12-02"}, "--fabric-check=ib --fabric-recheck=2026-12-02 placement.nodes="),
+    ({"expect": "socket"}, "--fabric-check=socket placement.nodes="),
 ])
 def test_fabric_values_reach_the_training_entrypoint_in_helm_and_render_py(fab, args):
     from k8s_support import VALUES_DIR, helm_objects, python_objects, user_values
@@ -186,22 +186,118 @@ def test_fabric_values_reach_the_training_entrypoint_in_helm_and_render_py(fab, 
     from dapo.train.cli import build_parser
 
     parsed = build_parser().parse_args(helm_job.split(" ")[3:])  # what `python -m dapo.train` will parse
-    assert parsed.fabric_check == (fab["expect"] if fab["check"] else None)
+    assert parsed.fabric_check == fab["expect"] and parsed.fabric_recheck == fab.get("recheck")
 
 
-@pytest.mark.parametrize("values, key", [
-    ({"fabric": {"check": True}}, "fabric.expect:"),
-    ({"preset": "tiny", "fabric": {"check": True, "expect": "socket"}}, "fabric.check: preset"),
-    ({"train": {"runner": "reference"}, "fabric": {"check": True, "expect": "efa"}}, "fabric.check: the check"),
-])
-def test_fabric_check_is_refused_where_it_cannot_run_in_helm_and_render_py(values, key):
-    import re
-
+def _refusal(values: dict) -> tuple[str, str]:
+    """(Helm's message, render.py's) for these user values, with no stand-in."""
     from dapo.k8s.presets import ValuesError
     from k8s_support import CHART_DIR, chart, helm, render_script
 
-    values = {"storage": {"storageClassName": "rwx"}, **values}
-    with pytest.raises(helm().HelmRenderError, match=re.escape(key)):
+    values = {"storage": {"storageClassName": "rwx"}, "image": {"published": True}, **values}
+    with pytest.raises(helm().HelmRenderError) as helm_err:
         chart().render(values, name="dapo", namespace="ml")
-    with pytest.raises(ValuesError, match=re.escape(key)):
+    with pytest.raises(ValuesError) as py_err:
         render_script().render_objects(CHART_DIR, [], extra=values)
+    return str(helm_err.value), str(py_err.value)
+
+
+@pytest.mark.parametrize("values", [{"preset": "full"}, {"preset": "early"}, {"preset": "7b"},
+                                    {"preset": "smoke", "nodes": 2}])
+def test_a_multi_node_run_without_a_declared_fabric_is_refused_naming_the_fix_in_helm_and_render_py(values):
+    helm_msg, py_msg = _refusal(values)
+    assert py_msg in helm_msg and py_msg.startswith("fabric.expect: preset ")
+    for fix in ("-f values/eks-p5.yaml", "-f values/gke-a3-mega.yaml", "-f values/gke-a3-high.yaml",
+                "-f values/gke-a3-ultra.yaml", "--set fabric.expect=ib", "socket"):
+        assert fix in py_msg, fix
+
+
+def test_a_multi_node_run_cannot_turn_its_check_off():
+    helm_msg, py_msg = _refusal({"preset": "full", "fabric": {"expect": "efa", "check": False}})
+    assert py_msg in helm_msg and py_msg.startswith('fabric.check: preset "full" runs on 16 nodes x 8 GPUs: every')
+
+
+@pytest.mark.parametrize("values, why", [
+    ({"preset": "smoke"}, "one node"),
+    ({"preset": "tiny"}, "the local backend"),
+    ({"preset": "full", "train": {"runner": "reference"}, "rayAuth": {"enabled": False}}, "the upstream recipe"),
+    ({"preset": "full", "train": {"enabled": False}, "eval": {"enabled": True}}, "evaluation only"),
+    ({"preset": "full", "fabric": {"expect": "socket"}}, "TCP, declared"),
+])
+def test_runs_that_need_no_declared_fabric_render_without_one(values, why):
+    from k8s_support import CHART_DIR, helm_objects, render_script
+
+    values = {"storage": {"storageClassName": "rwx"}, "image": {"published": True}, **values}
+    objects = render_script().render_objects(CHART_DIR, [], extra=values, release="dapo", namespace="ml")
+    assert objects == helm_objects(values, stand_in=False), why
+    train = [o for o in objects if o["kind"] == "RayJob" and o["metadata"]["name"].endswith("-train")]
+    if train and values.get("fabric", {}).get("expect") != "socket":
+        assert "--fabric-check" not in train[0]["spec"]["entrypoint"], why
+
+
+def test_the_readme_install_line_declares_a_fabric_and_full_alone_is_refused():
+    """The README's install names a cloud file (`-f "values/$CLOUD.yaml"`, each cloud rendered by
+    tests/test_docs_commands.py); the same line without it is refused with the fix."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    install = next(ln for ln in readme.replace("\\\n", " ").splitlines()
+                   if "charts/dapo" in ln and "values/full.yaml" in ln and ln.startswith("helm"))
+    assert re.search(r'-f "?values/\$CLOUD\.yaml"?', install), install
+    assert _refusal({"preset": "full"})[1].startswith("fabric.expect:")
+
+
+def test_notes_say_the_check_runs_first_and_where_a_failed_verdict_is():
+    from k8s_support import VALUES_DIR, helm_notes, user_values
+
+    notes = helm_notes(user_values([VALUES_DIR / "full.yaml", VALUES_DIR / "gke-a3-mega.yaml"]))
+    assert "every attempt starts with the check of tcpxo across all 16 node(s)" in notes
+    assert "/fabric-check.json" in notes and "--set fabric.recheck=<token>" in notes
+
+
+# --- the verdict of a failed check, read by the retries (dapo.train.fabric_verdict) ----------------------------------
+
+def test_a_failed_verdict_stops_only_the_same_check_and_a_pass_clears_it(tmp_path):
+    from dapo.train import fabric_verdict as fv
+
+    env = {"NCCL_SOCKET_IFNAME": "eth0", "FI_PROVIDER": "efa", "LD_LIBRARY_PATH": "/x", "HOME": "/h"}
+    key = fv.check_key("efa", None, "", env)
+    assert fv.read(tmp_path, key) is None  # no verdict yet
+    path = fv.write(tmp_path, key, False, ["NCCL chose Socket"], "efa", {"fabric/passed": False})
+    assert path == tmp_path / "fabric-check.json" and fv.read(tmp_path, key)["reasons"] == ["NCCL chose Socket"]
+    # the same check: the same fabric, floor, token and network environment (others variables do not count)
+    assert fv.check_key("efa", None, "", {**env, "HOME": "/other", "NCCL_DEBUG_FILE": "/tmp/n.%h"}) == key
+    for other in (fv.check_key("ib", None, "", env), fv.check_key("efa", 50.0, "", env),
+                  fv.check_key("efa", None, "2026-12-02", env), fv.check_key("efa", None, "", {**env, "FI_X": "1"}),
+                  fv.check_key("efa", None, "", {**env, "LD_LIBRARY_PATH": "/y"})):
+        assert other != key and fv.read(tmp_path, other) is None
+    text = fv.refusal(path, fv.read(tmp_path, key))
+    assert "not run again" in text and str(path) in text and "NCCL chose Socket" in text and "fabric.recheck" in text
+    assert fv.write(tmp_path, key, True, [], "efa") is None and not path.exists()  # a pass removes it
+    path.write_text("{not json")
+    assert fv.read(tmp_path, key) is None  # an unreadable file stops nothing
+
+
+def test_the_gate_refuses_before_connecting_and_records_a_measurement_error(tmp_path, monkeypatch):
+    """dapo.backends.verl.fabric.gate without Ray: a recorded failure ends the attempt before connect(); an NCCL error
+    during the measurement is a failed check, recorded like a low bandwidth."""
+    from dapo.backends.verl import fabric as vf
+    from dapo.train import fabric_verdict as fv
+
+    calls, logged = [], []
+    env = {"NCCL_SOCKET_IFNAME": "eth0"}
+
+    def broken(*a, **k):
+        raise vf.FabricMeasurementError("the all-reduce across 16 ranks did not complete: NCCL error: remote error")
+
+    monkeypatch.setattr(vf, "check", broken)
+    passed, _ = vf.gate(None, "efa", None, "", env, str(tmp_path), lambda: calls.append("connect"), log=logged.append)
+    assert not passed and calls == ["connect"] and "NCCL error: remote error" in logged[0]
+    assert fv.read(tmp_path, fv.check_key("efa", None, "", env))["reasons"][0].startswith("the all-reduce across 16")
+    passed, _ = vf.gate(None, "efa", None, "", env, str(tmp_path), lambda: calls.append("connect"), log=logged.append)
+    assert not passed and calls == ["connect"] and "not run again" in logged[-1]  # no second connect, no check
+    monkeypatch.setattr(vf, "check", lambda *a, **k: ([], {"fabric/passed": True}))
+    passed, _ = vf.gate(None, "efa", None, "after-fix", env, str(tmp_path), lambda: calls.append("connect"),
+                        log=logged.append)
+    assert passed and calls == ["connect", "connect"]  # a new token checks again
+    assert fv.read(tmp_path, fv.check_key("efa", None, "after-fix", env)) is None

@@ -11,9 +11,11 @@ import pytest
 from dapo.k8s import ValuesError
 from k8s_support import VALUES_DIR, chart, helm, python_objects, render_script, user_values
 
+# full.yaml runs on 16 nodes: it declares a fabric (the chart refuses it otherwise, before these rules)
+FAB = {"fabric": {"expect": "ib"}}
 OWN = {"image": {"repository": "registry.example.com/ml/dapo"},
        "eval": {"image": {"repository": "registry.example.com/ml/dapo-eval"}},
-       "storage": {"storageClassName": "efs-sc"}}
+       "storage": {"storageClassName": "efs-sc"}, **FAB}
 
 
 def both_refuse(files, extra) -> str:
@@ -34,19 +36,19 @@ def both_render(files, extra) -> None:
 
 def test_the_unpublished_default_image_is_refused_naming_the_build_command_and_the_values():
     full = [VALUES_DIR / "full.yaml"]
-    msg = both_refuse(full, {"storage": {"storageClassName": "efs-sc"}})
+    msg = both_refuse(full, {"storage": {"storageClassName": "efs-sc"}, **FAB})
     assert msg.startswith("image.repository: ghcr.io/dapo-k8s/dapo:0.1.0-verl0.9.1 is the chart's default image")
     for needle in ("make images REGISTRY=<registry>", "image.repository=<registry>/dapo",
                    "eval.image.repository=<registry>/dapo-eval", "image.published=true"):
         assert needle in msg
     # the user's own registry, or the statement that the default images exist
     both_render(full, OWN)
-    both_render(full, {"storage": {"storageClassName": "efs-sc"}, "image": {"published": True}})
+    both_render(full, {"storage": {"storageClassName": "efs-sc"}, "image": {"published": True}, **FAB})
 
 
 def test_each_image_the_release_runs_is_checked():
     full, ev, ref = VALUES_DIR / "full.yaml", VALUES_DIR / "eval.yaml", VALUES_DIR / "reference.yaml"
-    own_train = {"image": OWN["image"], "storage": OWN["storage"]}
+    own_train = {"image": OWN["image"], "storage": OWN["storage"], **FAB}
     assert both_refuse([full, ev], own_train).startswith(
         "eval.image.repository: ghcr.io/dapo-k8s/dapo-eval:0.1.0-ray2.60.0 is the chart's default image")
     both_render([full, ev], OWN)
@@ -60,11 +62,11 @@ def test_each_image_the_release_runs_is_checked():
 
 def test_the_placeholder_storage_class_of_the_values_files_is_refused():
     full = [VALUES_DIR / "full.yaml"]
-    msg = both_refuse(full, {"image": OWN["image"]})  # full.yaml carries storageClassName: shared-rwx
+    msg = both_refuse(full, {"image": OWN["image"], **FAB})  # full.yaml carries storageClassName: shared-rwx
     assert msg.startswith('storage.storageClassName: "shared-rwx" is the values files\' placeholder')
     assert "--set storage.storageClassName=$RWX_CLASS" in msg and "kubectl get storageclass" in msg
     # an existing claim does not use the class
-    both_render(full, {"image": OWN["image"], "storage": {"existingClaim": "dapo-shared"}})
+    both_render(full, {"image": OWN["image"], "storage": {"existingClaim": "dapo-shared"}, **FAB})
 
 
 def test_render_py_refuses_the_default_images_on_the_command_line(capsys):

@@ -51,9 +51,9 @@ def test_the_render_line_renders_what_the_install_line_installs_and_names_early_
     import yaml
 
     head = " ".join("\n".join(README.splitlines()[:FIRST_SCREEN]).split())
-    install = re.search(r"helm upgrade --install dapo charts/dapo -n (\S+) -f values/(\w+)\.yaml((?: -f values/\w+\.yaml)*)"
+    install = re.search(r"helm upgrade --install dapo charts/dapo -n (\S+) -f values/(\w+)\.yaml((?: -f \"?values/[\w$]+\.yaml\"?)*)"
                         r"(.*?)#", head)
-    render = re.search(r"`python scripts/render.py --preset (\w+)((?: -f values/\w+\.yaml)*) -n (\S+)` with the same "
+    render = re.search(r"`python scripts/render.py --preset (\w+)((?: -f \"?values/[\w$]+\.yaml\"?)*) -n (\S+)` with the same "
                        r"(\w+) `--set` items", head)
     assert install and render, head
     assert (render.group(1), render.group(2), render.group(3)) == (install.group(2), install.group(3), install.group(1))

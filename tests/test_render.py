@@ -149,8 +149,8 @@ def test_render_cli_preset_set_and_override(capsys):
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in worker["volumes"]
 
 
-# the stand-in cluster of k8s_support.STAND_IN, on render.py's command line
-CLUSTER = ["--set", "image.published=true", "--set", "storage.storageClassName=rwx-class"]
+# the stand-in cluster of k8s_support.STAND_IN, on render.py's command line (full's 16 nodes declare its fabric)
+CLUSTER = ["--set", "image.published=true", "--set", "storage.storageClassName=rwx-class", "--set", "fabric.expect=ib"]
 
 
 @pytest.mark.parametrize(

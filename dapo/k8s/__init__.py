@@ -5,6 +5,7 @@ chart ``charts/dapo``. ``scripts/render.py`` is the command line; tests check bo
 - :mod:`dapo.k8s.presets`: the preset files the chart mounts, and what the chart reads from them.
 - :mod:`dapo.k8s.values`: Helm-style value merging, the values schema, the chart's cross-field rules.
 - :mod:`dapo.k8s.install_rules`: what the cluster must already have: published images, a real StorageClass.
+- :mod:`dapo.k8s.fabric`: which runs must declare their network fabric, and the fabric check their entrypoint starts with.
 - :mod:`dapo.k8s.context`: what every object knows: the checked values, names, labels, metadata.
 - :mod:`dapo.k8s.pods`: the Ray head and worker pod templates (containers, volumes, init containers).
 - :mod:`dapo.k8s.rayjobs`: the training and evaluation RayJobs.

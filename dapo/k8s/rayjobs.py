@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from dapo.k8s.fabric import entrypoint_args
 from dapo.k8s.pods import PodTemplates
 from dapo.k8s.presets import ValuesError, preset_files, trainer_path
 from dapo.k8s.security import RESTRICTED_CONTAINER, auth_options
@@ -42,11 +43,7 @@ class RayJobs(PodTemplates):
         preset_dir = v["train"]["presetDir"]
         preset_dir = preset_dir[:-1] if preset_dir.endswith("/") else preset_dir
         args = ["python", "-m", "dapo.train", "--preset", f"{preset_dir}/{v['preset']}.yaml"]
-        fab = v["fabric"]
-        if fab["check"]:  # the all-reduce and transport check before training (dapo.train.fabric)
-            args.append(f"--fabric-check={fab['expect']}")
-            if fab.get("minBusBandwidthGBps") is not None:  # a null from the user removes the key (Helm)
-                args.append(f"--fabric-min-busbw={float(fab['minBusBandwidthGBps']):g}")
+        args += entrypoint_args(v, pl)  # the all-reduce and transport check before training (dapo.train.fabric)
         if pl["backend"] != "local":
             args += [f"placement.nodes={pl['nodes']}", f"placement.gpus_per_node={pl['gpus']}"]
         return " ".join(args + list(v["overrides"]))

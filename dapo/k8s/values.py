@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from dapo.k8s.presets import ValuesError, effective_preset, merged_preset, model_repo, preset_chain
+from dapo.k8s.fabric import check_fabric
 from dapo.k8s.install_rules import check_install
 from dapo.k8s.rules import check_deletion_rules
 from dapo.util.gofmt import go_string, q
@@ -165,7 +166,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     _check_host_and_storage(values)
     _check_eval(values, preset, pl)
     _check_storage_class(values, pl)
-    _check_fabric(values, pl)
+    check_fabric(values, pl)
     check_install(values)
 
 
@@ -378,19 +379,6 @@ def _check_storage_class(v: dict[str, Any], pl: dict[str, Any]) -> None:
             'StorageClass by name, or storage.existingClaim; the cluster default class ("") is ReadWriteOnce on EKS '
             "and GKE and the claim would stay Pending (kubectl get storageclass lists the classes)"
         )
-
-
-def _check_fabric(v: dict[str, Any], pl: dict[str, Any]) -> None:
-    """fabric.check: a fabric named, a verl run of our trainer (the check is `dapo train --fabric-check`)."""
-    fab = v["fabric"]
-    if fab["check"] and not fab["expect"]:
-        raise ValuesError("fabric.expect: fabric.check needs the fabric NCCL must use (socket, ib, efa, tcpx, tcpxo, gib)")
-    if fab["check"] and pl["backend"] == "local":
-        raise ValuesError(f"fabric.check: preset {q(v['preset'])} runs on the local backend (one process); the "
-                          "check measures the network between a verl run's GPUs")
-    if fab["check"] and v["train"]["runner"] == "reference":
-        raise ValuesError("fabric.check: the check runs in our trainer (dapo train --fabric-check); train.runner "
-                          "reference starts the upstream recipe, which has none")
 
 
 def hub_offline(values: dict[str, Any], preset: dict[str, Any]) -> bool:

@@ -13,7 +13,8 @@
 - ``python -m dapo.train`` (= ``dapo train``), the entrypoint of every training run, the chart's RayJob included
   (:mod:`dapo.train.cli`);
 - the fabric check before training (:mod:`~dapo.train.fabric`: the all-reduce bus bandwidth, the network NCCL chose
-  read from its log, the verdict against the declared fabric; ``dapo train --fabric-check``).
+  read from its log, the verdict against the declared fabric; ``dapo train --fabric-check``), and the failed verdict
+  the run's retries read first instead of checking again (:mod:`~dapo.train.fabric_verdict`).
 
 Imports the core, ``dapo.util``, ``dapo.config``, ``dapo.data`` and ``dapo.eval`` (a report draws evaluation
 results beside the training curves); the loop sees a backend only through :mod:`dapo.backends.base`, and only the

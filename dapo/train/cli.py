@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                    " and the bus bandwidth reaches the fabric's floor (dapo.train.fabric)")
     p.add_argument("--fabric-min-busbw", type=float, metavar="GBPS", default=None,
                    help="with --fabric-check: the busbw floor (GB/s) of the largest message instead of the fabric's")
+    p.add_argument("--fabric-recheck", metavar="TOKEN", default=None,
+                   help="with --fabric-check: a failed check is not run again by later attempts of the same run "
+                   "(<run dir>/fabric-check.json); a new TOKEN runs it again (the chart's fabric.recheck)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     p.add_argument("--no-attempt-log", action="store_true",
                    help="do not write <run dir>/logs/attempt-N.log (stdout + stderr of this attempt)")

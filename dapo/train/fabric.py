@@ -40,6 +40,9 @@ from typing import Any, Iterable, Optional
 # message sizes (bytes) of the all-reduce sweep: 1 MiB .. 1 GiB
 SIZES = tuple(2**k for k in range(20, 31, 2))
 EXIT_FABRIC = 5  # dapo train: the fabric check failed (wrong transport or too little bandwidth); nothing trained
+# What torch.distributed's gloo backend runs on (its TCP transport, the only one PyTorch builds on Linux): the
+# transport of a check on CPU ranks, judged like NCCL's Socket network.
+GLOO_TRANSPORT = {"networks": ["Socket"], "plugins": [], "provider": None, "gdr": False, "fabrics": ["socket"]}
 
 
 @dataclass(frozen=True)
@@ -148,13 +151,12 @@ def judge(report: dict[str, Any], expect: str, floor_gbps: Optional[float] = Non
     floor = fab.floor_gbps if floor_gbps is None else float(floor_gbps)
     reasons = []
     tr = report["transport"]
-    if report.get("backend", "nccl") == "nccl":
-        if not tr["networks"]:
-            reasons.append("NCCL logged no 'Using network' line (NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS INIT,NET "
-                           "is needed to read the transport)")
-        elif tr["fabrics"] != [expect]:
-            reasons.append(f"NCCL chose {', '.join(tr['networks'])} ({', '.join(tr['fabrics'])}), but the values "
-                           f"declare {expect}: {fab.what}")
+    if tr["networks"] and tr["fabrics"] != [expect]:  # NCCL's choice from its log, or gloo's TCP (GLOO_TRANSPORT)
+        reasons.append(f"NCCL chose {', '.join(tr['networks'])} ({', '.join(tr['fabrics'])}), but the values "
+                       f"declare {expect}: {fab.what}")
+    elif not tr["networks"] and report.get("backend", "nccl") == "nccl":
+        reasons.append("NCCL logged no 'Using network' line (NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS INIT,NET "
+                       "is needed to read the transport)")
     if report["sizes"] and floor > 0:
         last = report["sizes"][-1]
         if last["busbw_gbps"] < floor:

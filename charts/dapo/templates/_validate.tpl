@@ -227,16 +227,14 @@ scripts/render.py). An existing claim is not sized here (docs/deploy.md, Storage
 {{- if and (not $v.storage.existingClaim) (not $v.storage.storageClassName) (or (and $v.train.enabled (ne $pl.backend "local") (not $pl.cpu)) $v.eval.enabled) -}}
 {{- fail (printf "storage.storageClassName: preset %q runs on GPU nodes and needs a ReadWriteMany StorageClass by name, or storage.existingClaim; the cluster default class (\"\") is ReadWriteOnce on EKS and GKE and the claim would stay Pending (kubectl get storageclass lists the classes)" $v.preset) -}}
 {{- end -}}
-{{- /* fabric.check (dapo.k8s.values._check_fabric) */ -}}
-{{- if $v.fabric.check -}}
+{{- /* A multi-node GPU run of our trainer declares its fabric and checks it (dapo.k8s.fabric.check_fabric) */ -}}
+{{- if and $v.train.enabled (ne $v.train.runner "reference") (ne $pl.backend "local") (not $pl.cpu) (gt (int $pl.nodes) 1) -}}
+{{- $where := printf "preset %q runs on %d nodes x %d GPUs" $v.preset (int $pl.nodes) (int $pl.gpus) -}}
 {{- if not $v.fabric.expect -}}
-{{- fail "fabric.expect: fabric.check needs the fabric NCCL must use (socket, ib, efa, tcpx, tcpxo, gib)" -}}
+{{- fail (printf "fabric.expect: %s and declares no network fabric: NCCL would train over TCP sockets without an error. Add your cloud's file (-f values/eks-p5.yaml, -f values/gke-a3-mega.yaml, -f values/gke-a3-high.yaml, -f values/gke-a3-ultra.yaml) or declare the fabric: --set fabric.expect=ib (InfiniBand / RoCE), efa, tcpx, tcpxo, gib, or socket (TCP: checked and reported, never refused); docs/deploy.md, 'The fabric'" $where) -}}
 {{- end -}}
-{{- if eq $pl.backend "local" -}}
-{{- fail (printf "fabric.check: preset %q runs on the local backend (one process); the check measures the network between a verl run's GPUs" $v.preset) -}}
-{{- end -}}
-{{- if eq $v.train.runner "reference" -}}
-{{- fail "fabric.check: the check runs in our trainer (dapo train --fabric-check); train.runner reference starts the upstream recipe, which has none" -}}
+{{- if not $v.fabric.check -}}
+{{- fail (printf "fabric.check: %s: every multi-node run checks its fabric first (about a minute, against days of training); set fabric.check: true (fabric.expect=socket trains over TCP, reported by the check)" $where) -}}
 {{- end -}}
 {{- end -}}
 {{- include "dapo.installRules" . -}}

@@ -7,9 +7,16 @@ NCCL's INFO log for INIT and NET into a file of its own (``NCCL_DEBUG_FILE``; th
 ``NCCL_DEBUG_SUBSYS=INIT,NET`` already, a ``NCCL_DEBUG_SUBSYS`` without them gets them added), joins one NCCL process
 group, runs :func:`dapo.train.fabric.measure` and returns its timings and its NCCL log lines. The driver reads the
 transport from all ranks' lines, prints the report into the attempt log and judges it (:func:`dapo.train.fabric.judge`).
-The actors and the placement group are gone before verl creates its own.
+The actors and the placement group are gone before verl creates its own. On CPU ranks (gloo) the transport is gloo's
+TCP (:data:`dapo.train.fabric.GLOO_TRANSPORT`), judged like NCCL's Socket.
 
-Imports :mod:`dapo.train.fabric`; Ray and torch lazily (the process is the job driver, already connected).
+:func:`gate` is what ``dapo train`` runs first: an earlier failed verdict of the same check ends the attempt at once
+(:mod:`dapo.train.fabric_verdict`: KubeRay retries a failed attempt whatever its exit code), otherwise it connects,
+checks and records a failure for the retries. A measurement that raises (an NCCL error) or does not finish within
+:data:`MEASURE_TIMEOUT_S` is a failed check, recorded like the others.
+
+Imports :mod:`dapo.train.fabric` and :mod:`dapo.train.fabric_verdict`; Ray and torch lazily (the process is the job
+driver, already connected).
 """
 
 from __future__ import annotations
@@ -17,9 +24,17 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from dapo.train import fabric
+from dapo.train import fabric, fabric_verdict
 
-__all__ = ["run_check", "nccl_debug_env"]
+__all__ = ["run_check", "nccl_debug_env", "check", "gate", "FabricMeasurementError"]
+
+# the all-reduce sweep takes seconds on a healthy fabric and tens of seconds on TCP; NCCL on a broken one can wait on
+# its own timeouts for much longer
+MEASURE_TIMEOUT_S = 900
+
+
+class FabricMeasurementError(RuntimeError):
+    """The ranks could not measure: NCCL failed, or the sweep did not finish within :data:`MEASURE_TIMEOUT_S`."""
 
 
 def nccl_debug_env(environ: dict[str, str], log_file: str) -> dict[str, str]:
@@ -82,21 +97,28 @@ def run_check(nodes: int, gpus_per_node: int, *, backend: str = "nccl", sizes: O
     try:
         host, port, _ = ray.get(actors[0].address.remote())
         init = f"tcp://{host}:{port}"
-        results = ray.get([a.run.remote(r, world, init, list(sizes or fabric.SIZES), iters, backend)
-                           for r, a in enumerate(actors)])
+        try:
+            results = ray.get([a.run.remote(r, world, init, list(sizes or fabric.SIZES), iters, backend)
+                               for r, a in enumerate(actors)], timeout=MEASURE_TIMEOUT_S)
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise FabricMeasurementError(f"the all-reduce across {world} ranks did not complete: {first}") from exc
     finally:
         for a in actors:
             ray.kill(a)
         remove_placement_group(pg)
     lines = [ln for r in results for ln in r["nccl_lines"]]
     hosts = sorted({r["host"] for r in results})
+    transport = fabric.read_transport(lines) if backend == "nccl" else dict(fabric.GLOO_TRANSPORT)
     return {"world": world, "nodes": len(hosts), "hosts": hosts, "backend": backend,
-            "sizes": results[0]["sizes"], "transport": fabric.read_transport(lines)}
+            "sizes": results[0]["sizes"], "transport": transport}
 
 
-def check(preset: Any, expect: str, floor_gbps: Optional[float] = None, log=print) -> tuple[bool, dict[str, Any]]:
-    """``dapo train --fabric-check``: measure on the preset's placement, print the report, judge it. Returns (passed,
-    the wandb config entries). Logical GPUs on CPU (``placement.accelerator: cpu``) measure gloo over CPU ranks."""
+def check(preset: Any, expect: str, floor_gbps: Optional[float] = None,
+          log=print) -> tuple[list[str], dict[str, Any]]:
+    """Measure on the preset's placement, print the report, judge it. Returns (the reasons the run must not train --
+    empty: it may --, the wandb config entries). Logical GPUs on CPU (``placement.accelerator: cpu``) measure gloo
+    over CPU ranks."""
     from dapo.backends.verl.settings import CPU_ACCELERATOR
 
     pl = preset.placement
@@ -110,4 +132,27 @@ def check(preset: Any, expect: str, floor_gbps: Optional[float] = None, log=prin
         reasons = []
     reasons += fabric.judge(report, expect, floor_gbps)
     log(fabric.format_report(report, expect, reasons, floor_gbps))
-    return not reasons, fabric.wandb_summary(report, expect, reasons)
+    return reasons, fabric.wandb_summary(report, expect, reasons)
+
+
+def gate(preset: Any, expect: str, floor_gbps: Optional[float], recheck: str, environ: dict[str, str], run_dir: str,
+         connect, log=print) -> tuple[bool, dict[str, Any]]:
+    """``dapo train --fabric-check``, before anything else of the run: an earlier attempt's failed verdict of the same
+    check ends this one at once; otherwise ``connect()`` (join Ray), measure and judge, and record a failure for the
+    retries (a pass removes an old one). ``environ``: the job's own environment (part of what makes a check the
+    same). Returns (passed, the wandb config entries)."""
+    key = fabric_verdict.check_key(expect, floor_gbps, recheck, environ)
+    earlier = fabric_verdict.read(run_dir, key)
+    if earlier is not None:
+        log(fabric_verdict.refusal(fabric_verdict.verdict_path(run_dir), earlier))
+        return False, {}
+    connect()
+    try:
+        reasons, extra = check(preset, expect, floor_gbps, log=log)
+    except FabricMeasurementError as exc:
+        reasons, extra = [str(exc)], {"fabric/declared": expect, "fabric/passed": False}
+        log(f"fabric check FAILED: {exc}")
+    path = fabric_verdict.write(run_dir, key, not reasons, reasons, expect, extra)
+    if path is not None:
+        log(f"fabric check: verdict in {path}; the retries of this run exit at once instead of checking again")
+    return not reasons, extra

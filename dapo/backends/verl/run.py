@@ -63,7 +63,8 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
         raise ConfigError("--run-dir is for the local backend; on verl set recipe.trainer.default_local_dir=...")
     environ = dict(os.environ)  # the job's own environment, before this process adds the run's
     dry_run = bool(getattr(args, "dry_run", False))
-    preset = prepare(preset, build=not dry_run)
+    given = preset
+    preset = prepare(preset, build=False)  # where the tiny model and task will be; built after the fabric check
     resolved = verl_config.resolve(preset, verl_overrides)
     print(describe(preset, resolved))
     print(verl_config.to_yaml(resolved.cfg), flush=True)
@@ -73,17 +74,21 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     from dapo.train.loop import DAPOLoop
 
     cfg = resolved.cfg
-    connect(cfg, environ)
     wandb_extra: dict[str, Any] = {}
-    if getattr(args, "fabric_check", None):
-        from dapo.backends.verl.fabric import check as check_fabric
+    if getattr(args, "fabric_check", None):  # first, before any model or data is touched
+        from dapo.backends.verl.fabric import gate
         from dapo.train.fabric import EXIT_FABRIC
 
-        passed, wandb_extra = check_fabric(preset, args.fabric_check, getattr(args, "fabric_min_busbw", None),
-                                           log=lambda m: print(m, flush=True))
+        passed, wandb_extra = gate(preset, args.fabric_check, getattr(args, "fabric_min_busbw", None),
+                                   getattr(args, "fabric_recheck", None) or "", environ,
+                                   str(cfg.trainer.default_local_dir), lambda: connect(cfg, environ),
+                                   log=lambda m: print(m, flush=True))
         if not passed:
             print(f"dapo train: the fabric check failed; nothing trained (exit code {EXIT_FABRIC})", flush=True)
             return EXIT_FABRIC
+    else:
+        connect(cfg, environ)
+    on_this_machine(given, build=True)  # builds builtin:tiny's model and task where `preset` points
     train_rows = read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
     val_rows = read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
     total_steps = preset.recipe.trainer.total_training_steps or _steps_for(preset, len(train_rows))
