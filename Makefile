@@ -99,8 +99,9 @@ render: setup
 bench: setup
 	$(VENV)/bin/python scripts/bench_core.py
 
-# DAPO's four mechanisms with / without on the tiny-mech task, 3 seeds (about an hour on 2 shared cores; cached runs
-# resume; see docs/ablation.md).
+# DAPO's four mechanisms, each with / without on its own task (tiny-clip, tiny-len, tiny-mech), and DAPO's steps to
+# a target against naive GRPO's; 3 pre-registered + 3 held-out seeds (hours on 2 shared cores; cached runs resume;
+# see docs/ablation.md).
 bench-mechanisms: setup
 	$(VENV)/bin/dapo bench mechanisms
 
@@ -119,7 +120,8 @@ clean:
 #   make image-eval                   evaluation image (docker/Dockerfile.eval + docker/constraints-eval.txt)
 #   add EFA=1 (image, images) for the AWS EFA variant of the training image: the same lock plus the AWS EFA installer
 #                                     (docker/efa.args), tagged <IMAGE_TAG>-efa -- the tag values/eks-p5.yaml runs
-#   add IMAGE_PUSH=1 to push (docker login to the registry first), IMAGE=/IMAGE_TAG= to rename
+#   add IMAGE_PUSH=1 to push (docker login to the registry first), IMAGE=/IMAGE_TAG= to rename,
+#   DIGEST_FILE=path (with IMAGE_PUSH=1) to record the pushed image's digest (make images writes build/images/*.digest)
 IMAGE ?= ghcr.io/dapo-k8s/dapo
 IMAGE_STACK ?= current
 IMAGE_TAG ?= $(if $(filter repro,$(IMAGE_STACK)),0.1.0-repro-verl4f80e46,0.1.0-verl0.9.1)
@@ -131,6 +133,9 @@ EFA ?= 0
 EFA_TAG_SUFFIX := -efa
 IMAGE_VARIANT = $(if $(filter 1,$(EFA)),$(EFA_TAG_SUFFIX))
 REGISTRY ?=
+DIGEST_FILE ?=
+# where make images records the digests it pushed (the --set values it prints are read from here)
+IMAGE_DIGESTS ?= build/images
 # flash-attn's CUDA architectures ("" = the stack's: docker/Dockerfile's 90 for H100/H200, the GPU presets; the
 # repro stack's 80;90), e.g. CUDA_ARCHS="80;90" adds A100; MAX_JOBS ("" = 8): parallel nvcc jobs, about RAM / 4 GB.
 CUDA_ARCHS ?=
@@ -147,16 +152,19 @@ lock-check: setup
 
 image:
 	@if [ "$(EFA)" = 1 ] && [ "$(IMAGE_STACK)" != current ]; then echo "make image: EFA=1 builds the current stack's EFA variant; the $(IMAGE_STACK) stack has none" >&2; exit 2; fi
-	docker/build.sh --file docker/Dockerfile --tag $(IMAGE):$(IMAGE_TAG)$(IMAGE_VARIANT) $(if $(filter-out current,$(IMAGE_STACK)),--args docker/$(IMAGE_STACK).args) $(if $(filter 1,$(EFA)),--args docker/efa.args) $(if $(filter 1,$(IMAGE_PUSH)),--push) -- $(if $(CUDA_ARCHS),--build-arg "FLASH_ATTN_CUDA_ARCHS=$(CUDA_ARCHS)") $(if $(MAX_JOBS),--build-arg "MAX_JOBS=$(MAX_JOBS)")
+	docker/build.sh --file docker/Dockerfile --tag $(IMAGE):$(IMAGE_TAG)$(IMAGE_VARIANT) $(if $(filter-out current,$(IMAGE_STACK)),--args docker/$(IMAGE_STACK).args) $(if $(filter 1,$(EFA)),--args docker/efa.args) $(if $(filter 1,$(IMAGE_PUSH)),--push) $(if $(DIGEST_FILE),--digest-file $(DIGEST_FILE)) -- $(if $(CUDA_ARCHS),--build-arg "FLASH_ATTN_CUDA_ARCHS=$(CUDA_ARCHS)") $(if $(MAX_JOBS),--build-arg "MAX_JOBS=$(MAX_JOBS)")
 
 # Both images into the user's registry, then the values that point the chart at them (EFA=1: the training image's
 # EFA variant, for EKS).
 images:
 	@if [ -z "$(REGISTRY)" ]; then echo "make images: set REGISTRY=<registry>/<path> (e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/ml or us-docker.pkg.dev/PROJECT/ml); docker login to it first" >&2; exit 2; fi
-	$(MAKE) image IMAGE=$(REGISTRY)/dapo IMAGE_PUSH=1 EFA=$(EFA)
-	$(MAKE) image-eval EVAL_IMAGE=$(REGISTRY)/dapo-eval IMAGE_PUSH=1
-	@echo "pushed $(REGISTRY)/dapo:$(IMAGE_TAG)$(IMAGE_VARIANT) and $(REGISTRY)/dapo-eval:$(EVAL_IMAGE_TAG); install with:"
-	@echo "  $(if $(filter 1,$(EFA)),-f values/eks-p5.yaml (its image.tag is $(IMAGE_TAG)$(IMAGE_VARIANT)) )--set image.repository=$(REGISTRY)/dapo --set eval.image.repository=$(REGISTRY)/dapo-eval"
+	$(MAKE) image IMAGE=$(REGISTRY)/dapo IMAGE_PUSH=1 EFA=$(EFA) DIGEST_FILE=$(IMAGE_DIGESTS)/dapo$(IMAGE_VARIANT).digest
+	$(MAKE) image-eval EVAL_IMAGE=$(REGISTRY)/dapo-eval IMAGE_PUSH=1 DIGEST_FILE=$(IMAGE_DIGESTS)/dapo-eval.digest
+	@printf 'image:\n  repository: %s\n  tag: "%s"\n  digest: %s\neval:\n  image:\n    repository: %s\n    tag: "%s"\n    digest: %s\n' \
+		"$(REGISTRY)/dapo" "$(IMAGE_TAG)$(IMAGE_VARIANT)" "$$(cat $(IMAGE_DIGESTS)/dapo$(IMAGE_VARIANT).digest)" \
+		"$(REGISTRY)/dapo-eval" "$(EVAL_IMAGE_TAG)" "$$(cat $(IMAGE_DIGESTS)/dapo-eval.digest)" > $(IMAGE_DIGESTS)/values.yaml
+	@echo "pushed $(REGISTRY)/dapo:$(IMAGE_TAG)$(IMAGE_VARIANT) and $(REGISTRY)/dapo-eval:$(EVAL_IMAGE_TAG); install pinned by digest with -f $(IMAGE_DIGESTS)/values.yaml, or:"
+	@echo "  $(if $(filter 1,$(EFA)),-f values/eks-p5.yaml (its image.tag is $(IMAGE_TAG)$(IMAGE_VARIANT)) )--set image.repository=$(REGISTRY)/dapo --set image.digest=$$(cat $(IMAGE_DIGESTS)/dapo$(IMAGE_VARIANT).digest) --set eval.image.repository=$(REGISTRY)/dapo-eval --set eval.image.digest=$$(cat $(IMAGE_DIGESTS)/dapo-eval.digest)"
 
 image-eval:
-	docker/build.sh --file docker/Dockerfile.eval --tag $(EVAL_IMAGE):$(EVAL_IMAGE_TAG) $(if $(filter 1,$(IMAGE_PUSH)),--push)
+	docker/build.sh --file docker/Dockerfile.eval --tag $(EVAL_IMAGE):$(EVAL_IMAGE_TAG) $(if $(filter 1,$(IMAGE_PUSH)),--push) $(if $(DIGEST_FILE),--digest-file $(DIGEST_FILE))

@@ -2,16 +2,18 @@
 # Build (and optionally push) one of the bundle's images with BuildKit. Used by `make image` / `make image-eval`.
 #
 #   docker/build.sh --file docker/Dockerfile --tag ghcr.io/dapo-k8s/dapo:0.1.0-verl0.9.1 [--args docker/repro.args]
-#                   [--push] [--platform linux/amd64] [-- <extra docker buildx build flags>]
+#                   [--push [--digest-file FILE]] [--platform linux/amd64] [-- <extra docker buildx build flags>]
 #
 # Relative paths are relative to the repository root.
 # --args FILE   KEY=VALUE lines (comments with #, values may contain spaces), each passed as --build-arg
 # --push        push to the registry named in --tag (log in first: docker login ghcr.io); default: --load locally
+# --digest-file FILE  with --push: write the pushed image's digest (sha256:<64 hex>) to FILE, read from the build's
+#               metadata (docker buildx build --metadata-file: containerimage.digest), and print it
 # The OCI labels version/revision/source are filled from pyproject.toml and git.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
-file="" tag="" args_file="" output="--load" platform="linux/amd64"
+file="" tag="" args_file="" output="--load" platform="linux/amd64" digest_file=""
 extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -19,6 +21,7 @@ while [ $# -gt 0 ]; do
         --tag) tag="$2"; shift 2 ;;
         --args) args_file="$2"; shift 2 ;;
         --push) output="--push"; shift ;;
+        --digest-file) digest_file="$2"; shift 2 ;;
         --platform) platform="$2"; shift 2 ;;
         --) shift; extra=("$@"); break ;;
         *) echo "build.sh: unknown option '$1' (see the header of $0)" >&2; exit 2 ;;
@@ -26,6 +29,15 @@ while [ $# -gt 0 ]; do
 done
 if [ -z "$file" ] || [ -z "$tag" ]; then
     echo "build.sh: --file and --tag are required" >&2; exit 2
+fi
+metadata=()
+if [ -n "$digest_file" ]; then
+    if [ "$output" != "--push" ]; then
+        echo "build.sh: --digest-file needs --push (an image has a registry digest once it is pushed)" >&2; exit 2
+    fi
+    meta_file="$(mktemp)"
+    trap 'rm -f "$meta_file"' EXIT
+    metadata=(--metadata-file "$meta_file")
 fi
 case "$file" in /*) ;; *) file="$root/$file" ;; esac
 case "$tag" in
@@ -62,5 +74,16 @@ docker buildx build \
     --build-arg "REVISION=$revision" \
     ${build_args[@]+"${build_args[@]}"} \
     "$output" \
+    ${metadata[@]+"${metadata[@]}"} \
     ${extra[@]+"${extra[@]}"} \
     "$root"
+{ set +x; } 2>/dev/null
+if [ -n "$digest_file" ]; then
+    digest="$(tr -d '\n' < "$meta_file" | sed -n 's/.*"containerimage\.digest" *: *"\(sha256:[0-9a-f]\{64\}\)".*/\1/p')"
+    if [ -z "$digest" ]; then
+        echo "build.sh: the build metadata has no containerimage.digest; was $tag pushed?" >&2; exit 1
+    fi
+    mkdir -p "$(dirname "$digest_file")"
+    printf '%s\n' "$digest" > "$digest_file"
+    echo "build.sh: pushed $tag as ${tag%:*}@$digest"
+fi

@@ -400,3 +400,41 @@ def stack_dockerfile(stack: str) -> "Dockerfile":
 
 def pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# a recording `docker` for the build commands (make images -> docker/build.sh -> docker buildx build)
+
+
+def fake_digest(tag: str) -> str:
+    """The digest the stand-in registry gives the image pushed under `tag` (a real one hashes the manifest)."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(tag.encode()).hexdigest()
+
+
+def recording_docker(bin_dir: Path, log: Path) -> Path:
+    """A `docker` on PATH that appends its argv to `log` (one argument a line, "END" after each call) and models what
+    `docker buildx build --push --metadata-file FILE` leaves behind: FILE holds the build result's metadata as buildx
+    writes it (docs/reference/buildx_build.md, --metadata-file), with containerimage.digest the pushed image's digest."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "docker"
+    script.write_text(f'''#!{sys.executable}
+import json, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from docker_stack import fake_digest
+argv = sys.argv[1:]
+with open({str(log)!r}, "a") as f:
+    f.write("".join(a + "\\n" for a in argv) + "END\\n")
+if argv[:2] == ["buildx", "build"] and "--metadata-file" in argv:
+    tag = argv[argv.index("--tag") + 1]
+    digest = fake_digest(tag) if "--push" in argv else None
+    meta = {{"buildx.build.ref": "builder/builder0/x", "containerimage.config.digest": "sha256:" + "c" * 64}}
+    if digest:
+        meta["containerimage.descriptor"] = {{"digest": digest, "mediaType": "application/vnd.oci.image.index.v1+json"}}
+        meta["containerimage.digest"] = digest
+    with open(argv[argv.index("--metadata-file") + 1], "w") as f:
+        json.dump(meta, f, indent=2)
+''')
+    script.chmod(0o755)
+    return script

@@ -138,6 +138,18 @@ def by_key(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any
     return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 
 
+def parse_sets(sets: dict[str, str]) -> dict[str, Any]:
+    """`--set a.b=x --set c=y` as the nested values Helm builds from them (strings)."""
+    out: dict[str, Any] = {}
+    for key, value in sets.items():
+        node = out
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
 def both_renderers(values: dict[str, Any], *, release: str = "dapo"):
     """(Helm objects, render.py objects) by (kind, name), for chart values on top of the defaults."""
     return (by_key(helm_objects(copy.deepcopy(values), release=release)),

@@ -1,17 +1,19 @@
-"""`dapo bench mechanisms`: each rung turns off exactly its mechanism (the DAPO rung is the tiny-mech preset, naive
-GRPO turns off all four), the preconditions and effect sizes are computed as documented, and the one command runs a
-2-step rung pair end to end, writes its report and figures, and reuses its cached runs (the wiring, not the
-science)."""
+"""`dapo bench mechanisms`: each pair turns off exactly its mechanism on its own task (the DAPO rung is the task's
+preset, naive GRPO turns off all four), the preconditions, their thresholds and the effect sizes are computed as
+documented, the held-out seeds come from a commit hash, and the one command probes, runs a 2-step rung pair end to
+end, writes its report and figures, and reuses its cached runs (the wiring, not the science)."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import pytest
 
 from dapo.bench.mech_report import effect
-from dapo.bench.mechanisms import MECHANISMS, RUNGS, cmd_mechanisms
-from dapo.bench.precondition import rollout_preconditions
+from dapo.bench.mechanisms import (HEADLINE, HELDOUT_SEEDS, MECHANISMS, RUNGS, SEEDS, cmd_mechanisms, heldout_seeds,
+                                   planned_runs, run_overrides)
+from dapo.bench.precondition import THRESHOLDS, clip_preconditions, rollout_preconditions, verdicts
 from dapo.config import load_preset
 
 def _settings_of(preset, overrides):
@@ -25,15 +27,44 @@ OFF = {"clip-higher": {"clip_ratio_high"}, "token-level loss": {"loss_agg_mode"}
        "overlong shaping": {"overlong_buffer"}, "dynamic sampling": {"dynamic_sampling"}}  # fmt: skip
 
 
-def test_each_rung_turns_off_exactly_its_mechanism_and_naive_grpo_all_four():
-    dapo = _settings_of("tiny-mech", RUNGS["DAPO"])
-    assert dapo == _settings_of("tiny-mech", []) and dapo["clip_ratio_high"] == 0.28 and dapo["dynamic_sampling"]
-    assert dapo["loss_agg_mode"] == "token-mean" and dapo["overlong_buffer"] and not dapo["overlong_filter"]
+def test_each_rung_turns_off_exactly_its_mechanism_on_its_task_and_naive_grpo_all_four():
     for mech, spec in MECHANISMS.items():
-        rung = _settings_of("tiny-mech", RUNGS[spec["without"]])
+        dapo = _settings_of(spec["preset"], RUNGS["DAPO"])
+        assert dapo == _settings_of(spec["preset"], []) and dapo["clip_ratio_high"] == 0.28, mech
+        assert dapo["loss_agg_mode"] == "token-mean" and dapo["overlong_buffer"] and dapo["dynamic_sampling"], mech
+        rung = _settings_of(spec["preset"], RUNGS[spec["without"]])
         assert {k for k in dapo if dapo[k] != rung[k]} == OFF[mech], mech
-    naive = _settings_of("tiny-mech", RUNGS["naive GRPO"])
+    dapo = _settings_of(HEADLINE["preset"], [])
+    naive = _settings_of(HEADLINE["preset"], RUNGS["naive GRPO"])
     assert {k for k in dapo if dapo[k] != naive[k]} == set().union(*OFF.values())
+    # the headline's two rungs validate every step (the smoothed crossing), the other rungs at their task's cadence
+    freq = {rung: load_preset("tiny-mech", run_overrides("tiny-mech", rung, 1)).recipe.trainer.test_freq
+            for rung in RUNGS}
+    assert freq["DAPO"] == freq["naive GRPO"] == 1 and freq["DAPO - dynamic sampling"] == 2
+    assert load_preset("tiny-clip", run_overrides("tiny-clip", "DAPO", 1)).recipe.trainer.test_freq == 2
+    assert planned_runs(["clip-higher", "overlong shaping", "headline"]) == {
+        "tiny-clip": ["DAPO", "DAPO - clip-higher"], "tiny-mech": ["DAPO", "DAPO - overlong shaping", "naive GRPO"]}
+
+
+def test_the_tasks_give_their_mechanism_what_the_paper_needs():
+    clip = load_preset("tiny-clip")
+    # the paper's 16 gradient steps per rollout step (512 prompts / mini-batches of 32)
+    assert clip.recipe.data.train_batch_size // clip.recipe.actor.ppo_mini_batch_size == 16
+    assert clip.local.warm_start.mistake_rate >= 0.9 and clip.local.warm_start.swap_rate > 0  # rare rewarded tokens
+    length = load_preset("tiny-len").local.warm_start
+    assert length.recheck_mistake_rate == 1.0 and length.recheck_rate > 0 and length.guess_rate > 0
+
+
+def test_heldout_seeds_come_from_the_commit_hash_and_never_repeat_the_preregistered_ones():
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    seeds = heldout_seeds(sha)
+    assert seeds == [100 + 0x01234567 % 100_000, 100 + 0x89ABCDEF % 100_000, 100 + 0x01234567 % 100_000]
+    assert all(s >= 100 for s in seeds)
+    with pytest.raises(ValueError, match="commit hash"):
+        heldout_seeds("main")
+    # the held-out seeds of the runs: from the commit that brought the pre-registration (docs/ablation.md)
+    assert list(HELDOUT_SEEDS) == heldout_seeds("f9cd3811561ea1bc9809c9ff50f198caefe48d2c")
+    assert not set(HELDOUT_SEEDS) & set(SEEDS)
 
 
 def test_preconditions_from_one_scored_rollout():
@@ -43,6 +74,21 @@ def test_preconditions_from_one_scored_rollout():
     assert pre["cap_share"] == 0.25 and pre["long_wrong_share"] == 1.0 and pre["acc"] == 0.75
     assert pre["uniform_group_share"] == 0.5  # group 1 all correct, group 0 mixed
     assert abs(pre["length_cv"] - np.std(lengths) / np.mean(lengths)) < 1e-12
+
+
+def test_clip_probe_shares_and_the_thresholds_decide_each_precondition():
+    c = clip_preconditions([6.0, 2.0, 0.0, 0.0, 0.0], 400.0, 40.0)
+    assert c["clip_high_pos_share"] == 0.02 and c["clip_high_lowprob_share"] == 0.75
+    assert c["clip_high_lowprob_clipped_share"] == 6.0 / 40.0
+    assert clip_preconditions([0.0] * 5, 400.0, 0.0)["clip_high_lowprob_share"] == 0.0
+    pre = {**c, "length_cv": 0.7, "long_wrong_share": 0.8, "cap_share": 0.1, "uniform_group_share": 0.4}
+    v = verdicts(pre)
+    assert v["clip-higher"]["holds"] and v["token-level loss"]["holds"] and v["dynamic sampling"]["holds"]
+    assert not v["overlong shaping"]["holds"]  # 0.1 < 0.2
+    assert not verdicts({**pre, "clip_high_lowprob_share": 0.49})["clip-higher"]["holds"]
+    assert not verdicts({**pre, "clip_high_lowprob_clipped_share": 0.09})["clip-higher"]["holds"]
+    assert not verdicts({**pre, "length_cv": 0.6})["token-level loss"]["holds"]
+    assert set(THRESHOLDS) == set(MECHANISMS)
 
 
 def test_effect_size_is_in_seed_standard_deviations_with_the_documented_verdicts():
@@ -84,38 +130,29 @@ SMALL = [
 ]  # fmt: skip
 
 
-def test_one_command_runs_a_two_step_rung_pair_writes_the_report_and_reuses_cached_runs(tmp_path, capsys):
+def test_one_command_probes_runs_a_two_step_rung_pair_writes_the_report_and_reuses_cached_runs(tmp_path, capsys):
     out = tmp_path / "bench"
-    argv = ["--rungs", "DAPO,DAPO - clip-higher", "--seeds", "1,2", "--threads", "1", "--probe-prompts", "4",
+    argv = ["--mechanisms", "clip-higher", "--seeds", "1", "--heldout-seeds", "2", "--probe-prompts", "4",
             "--out", str(out)] + SMALL  # fmt: skip
     assert cmd_mechanisms(argv) == 0
-    pre = json.loads((out / "preconditions.json").read_text())
-    assert pre["responses"] == 8 and 0 <= pre["uniform_group_share"] <= 1
+    pre = json.loads((out / "tiny-clip" / "preconditions.json").read_text())
+    assert pre["responses"] == 8 and 0 <= pre["uniform_group_share"] <= 1 and pre["clip_probe_steps"] == 5
+    assert pre["clip_high_pos_tokens"] >= 0 and len(pre["warm_start_sha256"]) == 64  # an untrained policy: no A > 0
     text = (out / "mechanisms.md").read_text()
-    assert "| clip-higher |" in text and "mech-clip-higher.png" in text and "| token-level loss |" in text
+    assert "| clip-higher | tiny-clip |" in text and "mech-clip-higher.png" in text
+    assert "(pre-registered)" in text and "(held-out)" in text
     assert (out / "mech-clip-higher.png").stat().st_size > 0
     report = json.loads((out / "mechanisms.json").read_text())
-    assert [len(report["runs"][k]) for k in ("DAPO", "DAPO - clip-higher")] == [2, 2]
-    assert all(r["exit_code"] == 0 for runs in report["runs"].values() for r in runs)
-    assert all(len([s for s, a, _ in r["curve"] if a is not None]) == 3 for r in report["runs"]["DAPO"])
-    done = sorted(out.glob("*/seed*/bench_result.json"))
+    runs = report["runs"]
+    assert sorted(runs) == ["tiny-clip/DAPO", "tiny-clip/DAPO - clip-higher"]
+    assert all(sorted(v) == ["1", "2"] for v in runs.values())
+    assert all(r["exit_code"] == 0 for v in runs.values() for r in v.values())
+    assert all(len([s for s, a, _ in r["curve"] if a is not None]) == 3 for r in runs["tiny-clip/DAPO"].values())
+    assert set(report["effects"]["clip-higher"]) == {"pre-registered", "held-out"}
+    done = sorted(out.glob("*/*/seed*/bench_result.json"))
     assert len(done) == 4
     stamps = [p.stat().st_mtime_ns for p in done]
     capsys.readouterr()
-    assert cmd_mechanisms(argv) == 0  # cached: no run is redone
+    assert cmd_mechanisms(argv) == 0  # cached: no run is redone, the probe is not repeated
     assert [p.stat().st_mtime_ns for p in done] == stamps
     assert "s wall" not in "".join(line for line in capsys.readouterr().out.splitlines() if "seed" in line)
-
-
-def test_headline_target_is_naive_grpos_level_at_steps_20_to_24_and_counts_steps_and_responses():
-    from dapo.bench.mech_report import headline
-
-    def run(accs, per_step):
-        return {"curve": [(s, a, s * per_step) for s, a in zip(range(0, 2 * len(accs), 2), accs)]}
-
-    naive = [run([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.6, 0.6, 0.6, 0.7, 0.7, 0.7, 0.7], 128)] * 2
-    dapo = [run([0.1, 0.4, 0.6, 0.7, 0.8] + [0.8] * 8, 400), run([0.1, 0.3, 0.5, 0.7, 0.8] + [0.8] * 8, 400)]
-    hl = headline({"naive GRPO": naive, "DAPO": dapo}, (20, 24))
-    assert abs(hl["target"] - 0.7) < 1e-12  # naive's validations at steps 20, 22, 24
-    assert hl["naive GRPO"]["steps"] == [18.0, 18.0] and hl["DAPO"]["steps"] == [6.0, 6.0]
-    assert abs(hl["ratio_steps"] - 6 / 18) < 1e-12 and abs(hl["ratio_samples"] - (6 * 400) / (18 * 128)) < 1e-12

@@ -189,7 +189,8 @@ def test_chart_pins_the_same_image_and_ray_version_as_dapo_k8s():
     assert values["image"]["repository"] == versions.IMAGE_REPOSITORY
     assert values["image"]["tag"] == versions.IMAGE_TAG
     assert values["rayVersion"] == versions.RAY_VERSION
-    assert values["eval"]["image"] == {"repository": versions.EVAL_IMAGE_REPOSITORY, "tag": versions.EVAL_IMAGE_TAG}
+    assert values["eval"]["image"] == {"repository": versions.EVAL_IMAGE_REPOSITORY, "tag": versions.EVAL_IMAGE_TAG,
+                                       "digest": ""}
     # and no values file repeats the pins (one place); the EKS file names the EFA variant of the same image, whose
     # tag `make images EFA=1` derives from the pin (tests/test_docker.py runs that build)
     for f in VALUES_DIR.glob("*.yaml"):

@@ -39,14 +39,31 @@ from docker_stack import (
     StackError,
     apt_installs,
     copied_from,
+    fake_digest,
     is_local_artifact,
     parse_dockerfile,
     pip_commands,
     read_args_file,
     read_constraints,
     read_lock,
+    recording_docker,
     resolved,
 )
+
+
+def _containers_of(obj):
+    """Every container (init containers included) of an object's pods, RayJob pod templates included."""
+    if obj["kind"] == "RayJob":
+        from k8s_support import pod_templates
+
+        specs = [t["spec"] for _, t in pod_templates(obj)]
+    elif obj["kind"] == "Job":
+        specs = [obj["spec"]["template"]["spec"]]
+    elif obj["kind"] == "Pod":
+        specs = [obj["spec"]]
+    else:
+        specs = []
+    return [c for spec in specs for c in spec.get("initContainers", []) + spec.get("containers", [])]
 
 # apt policy: packages of the base image's own Ubuntu release are NOT version-pinned. Ubuntu's archive keeps only
 # the current version of a package in -updates/-security, so `pkg=version` pins break the build at the next
@@ -511,23 +528,48 @@ def test_make_image_targets_call_the_build_script_with_the_pinned_tags(fake_dock
     assert "--push" in out
 
 
-def test_make_images_builds_and_pushes_both_images_to_the_registry_and_prints_the_values(tmp_path):
-    """The README's first step, run as processes: make -> docker/build.sh -> a docker that records its argv."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "argv"
-    bin_dir.mkdir()
-    (bin_dir / "docker").write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done >> {log}\necho END >> {log}\n')
-    (bin_dir / "docker").chmod(0o755)
+def test_make_images_builds_and_pushes_both_images_to_the_registry_and_prints_the_values_pinned_by_digest(tmp_path):
+    """The README's first step, run as processes: make -> docker/build.sh -> a docker that records its argv and
+    writes buildx's build metadata: each pushed image's digest is recorded and the printed --set pins it, and the
+    chart renders exactly that digest."""
+    bin_dir, log, digests = tmp_path / "bin", tmp_path / "argv", tmp_path / "digests"
+    recording_docker(bin_dir, log)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    out = subprocess.run(["make", "--no-print-directory", "images", "REGISTRY=reg.example.com/ml", 'CUDA_ARCHS=80;90'],
-                         env=env, capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    out = subprocess.run(["make", "--no-print-directory", "images", "REGISTRY=reg.example.com/ml", 'CUDA_ARCHS=80;90',
+                          f"IMAGE_DIGESTS={digests}"], env=env, capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout
     calls = [c.strip("\n").splitlines() for c in log.read_text().split("END\n") if c.strip()]
     assert len(calls) == 2
     train, ev = calls
-    assert train[train.index("--tag") + 1] == f"reg.example.com/ml/dapo:{default_image_tag()}" and "--push" in train
+    train_tag, eval_tag = f"reg.example.com/ml/dapo:{default_image_tag()}", \
+        f"reg.example.com/ml/dapo-eval:{makefile_var('EVAL_IMAGE_TAG')}"
+    assert train[train.index("--tag") + 1] == train_tag and "--push" in train and "--metadata-file" in train
     assert train[train.index("--file") + 1].endswith("docker/Dockerfile")
     assert "FLASH_ATTN_CUDA_ARCHS=80;90" in train  # other architectures by argument
-    assert ev[ev.index("--tag") + 1] == f"reg.example.com/ml/dapo-eval:{makefile_var('EVAL_IMAGE_TAG')}" and "--push" in ev
-    assert "--set image.repository=reg.example.com/ml/dapo --set eval.image.repository=reg.example.com/ml/dapo-eval" in out
+    assert ev[ev.index("--tag") + 1] == eval_tag and "--push" in ev and "--metadata-file" in ev
+    assert (digests / "dapo.digest").read_text().strip() == fake_digest(train_tag)
+    assert (digests / "dapo-eval.digest").read_text().strip() == fake_digest(eval_tag)
+    (line,) = [x for x in out.splitlines() if "--set image.repository=" in x]
+    sets = dict(a.split("=", 1) for a in line.split("--set ")[1:] for a in [a.strip()])
+    assert sets == {"image.repository": "reg.example.com/ml/dapo", "image.digest": fake_digest(train_tag),
+                    "eval.image.repository": "reg.example.com/ml/dapo-eval", "eval.image.digest": fake_digest(eval_tag)}
+    # the same values as a file (the README's `-f build/images/values.yaml`), tags beside the digests
+    written = yaml.safe_load((digests / "values.yaml").read_text())
+    assert written == {"image": {"repository": sets["image.repository"], "tag": default_image_tag(),
+                                 "digest": sets["image.digest"]},
+                       "eval": {"image": {"repository": sets["eval.image.repository"],
+                                          "tag": makefile_var("EVAL_IMAGE_TAG"), "digest": sets["eval.image.digest"]}}}
+    # those values, as `helm install --set` hands them over: every pod runs the pushed images by digest
+    from k8s_support import RWX, helm_notes, helm_objects, parse_sets
+
+    from dapo.k8s.values import coalesce
+
+    for values in (coalesce({**RWX, "eval": {"enabled": True}}, parse_sets(sets)),
+                   coalesce({**RWX, "eval": {"enabled": True}}, written)):
+        images = {c["image"] for o in helm_objects(values) for c in _containers_of(o)}
+        assert images == {f"reg.example.com/ml/dapo@{fake_digest(train_tag)}",
+                          f"reg.example.com/ml/dapo-eval@{fake_digest(eval_tag)}"}, images
+        assert "pinned by tag only" not in helm_notes(values)
     # without a registry: the reason, and nothing built
     log.unlink()
     proc = subprocess.run(["make", "images"], env=env, capture_output=True, text=True, cwd=ROOT)
@@ -678,11 +720,10 @@ def test_make_images_efa_builds_and_pushes_the_efa_variant_under_the_tag_eks_val
     same Dockerfile and lock with docker/efa.args, tagged as values/eks-p5.yaml's image.tag, and the evaluation
     image; IMAGE_STACK=repro with EFA=1 is refused."""
     bin_dir, log = tmp_path / "bin", tmp_path / "argv"
-    bin_dir.mkdir()
-    (bin_dir / "docker").write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done >> {log}\necho END >> {log}\n')
-    (bin_dir / "docker").chmod(0o755)
+    recording_docker(bin_dir, log)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    out = subprocess.run(["make", "--no-print-directory", "images", "REGISTRY=reg.example.com/ml", "EFA=1"],
+    out = subprocess.run(["make", "--no-print-directory", "images", "REGISTRY=reg.example.com/ml", "EFA=1",
+                          f"IMAGE_DIGESTS={tmp_path / 'digests'}"],
                          env=env, capture_output=True, text=True, cwd=ROOT, check=True).stdout
     train, ev = [c.strip("\n").splitlines() for c in log.read_text().split("END\n") if c.strip()]
     eks_tag = yaml.safe_load((ROOT / "values" / "eks-p5.yaml").read_text())["image"]["tag"]
@@ -694,6 +735,7 @@ def test_make_images_efa_builds_and_pushes_the_efa_variant_under_the_tag_eks_val
     assert not any(p.startswith("LOCK=") for p in passed), "the same lock as the plain training image"
     assert ev[ev.index("--tag") + 1] == f"reg.example.com/ml/dapo-eval:{makefile_var('EVAL_IMAGE_TAG')}"
     assert f"-f values/eks-p5.yaml (its image.tag is {eks_tag})" in out
+    assert f"--set image.digest={fake_digest(f'reg.example.com/ml/dapo:{eks_tag}')}" in out
     refused = subprocess.run(["make", "image", "IMAGE_STACK=repro", "EFA=1"], env=env, capture_output=True,
                              text=True, cwd=ROOT)
     assert refused.returncode == 2 and "EFA=1 builds the current stack" in refused.stderr

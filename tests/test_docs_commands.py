@@ -184,19 +184,45 @@ def _helm_parser() -> argparse.ArgumentParser:
     return ap
 
 
+# Files a documented step writes for the commands after it: `make images` writes build/images/values.yaml (the
+# pushed images' repositories, tags and digests; tests/test_docker.py runs it with a recording docker). A command
+# reading one is checked with such a file.
+GENERATED = {"build/images/values.yaml": {
+    "image": {"repository": "registry.example/ml/dapo", "tag": "0.1.0-verl0.9.1", "digest": "sha256:" + "a" * 64},
+    "eval": {"image": {"repository": "registry.example/ml/dapo-eval", "tag": "0.1.0-ray2.60.0",
+                       "digest": "sha256:" + "b" * 64}}}}
+
+
+@functools.lru_cache(maxsize=None)
+def _generated(name: str) -> Path:
+    import atexit
+    import shutil
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="dapo-docs-")
+    atexit.register(shutil.rmtree, directory, True)
+    path = Path(directory) / Path(name).name
+    path.write_text(yaml.safe_dump(GENERATED[name]))
+    return path
+
+
+def _values_file(name: str) -> Path:
+    return _generated(name) if name in GENERATED else ROOT / name
+
+
 def _check_helm(argv: list[str]) -> str:
     """'' when valid, else the problem; `cluster` for commands that need a cluster or a remote chart."""
     try:
         a = _helm_parser().parse_intermixed_args(argv[1:])
     except (argparse.ArgumentError, SystemExit) as exc:
         return f"helm arguments do not parse: {exc}"
-    missing = [f for f in a.values if not (ROOT / f).is_file()]
+    missing = [f for f in a.values if not _values_file(f).is_file()]
     if missing:
         return f"-f files do not exist: {missing}"
     if a.sub not in ("install", "upgrade", "template") or "charts/dapo" not in a.args:
         return "cluster" if a.sub in CLUSTER_HELM or a.sub in ("install", "upgrade") else f"unknown helm {a.sub}"
     release = next((x for x in a.args if x != "charts/dapo"), "dapo")
-    values = user_values([ROOT / f for f in a.values], stand_in=False)
+    values = user_values([_values_file(f) for f in a.values], stand_in=False)
     for item, string in [(s, False) for s in a.set] + [(s, True) for s in a.set_string]:
         path, _, raw = item.partition("=")
         if not _schema_has(path):
@@ -216,7 +242,7 @@ def _check_fragment(argv: list[str]) -> str:
             continue
         if flag == "--set" and not _schema_has(arg.partition("=")[0]):
             return f"--set {arg.partition('=')[0]}: not a value of the chart (values.schema.json)"
-        if flag == "-f" and not (ROOT / arg).is_file():
+        if flag == "-f" and not _values_file(arg).is_file():
             return f"-f {arg}: no such file"
     return ""
 
@@ -273,7 +299,7 @@ def _check_dapo(argv: list[str], monkeypatch) -> str:
         return _parse_only(monkeypatch, run_module, argv[3:])
     script = argv[1:] if argv[0] == "python" else argv
     missing = [x.split("=", 1)[-1] for x in script if x.startswith("values/") or x.startswith("--values=")]
-    missing = [f for f in missing if not (ROOT / f).is_file()]
+    missing = [f for f in missing if not _values_file(f).is_file()]
     if missing:
         return f"values files do not exist: {missing}"
     return _parse_only(monkeypatch, render_script().main, script[1:])

@@ -140,7 +140,7 @@ def test_reference_defaults_agree_with_the_fidelity_transcription():
 
 def test_pins_of_the_reference_runner_are_the_reproduction_stack():
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["train"]["reference"]
-    assert values["image"] == {"repository": versions.IMAGE_REPOSITORY, "tag": versions.REPRO_IMAGE_TAG}
+    assert values["image"] == {"repository": versions.IMAGE_REPOSITORY, "tag": versions.REPRO_IMAGE_TAG, "digest": ""}
     assert values["rayVersion"] == versions.REPRO_RAY_VERSION
     pins = (ROOT / "docker" / "constraints-repro.txt").read_text()
     assert re.search(rf"^ray=={re.escape(versions.REPRO_RAY_VERSION)}\s", pins, re.M)

@@ -125,7 +125,11 @@ def test_committed_rendered_manifests_are_up_to_date_and_namespace_free(tmp_path
         objects = [o for o in yaml.safe_load_all(text) if o]
         assert objects and all("namespace" not in o["metadata"] for o in objects)
         files, release = set_files(name)
-        assert objects == python_objects(files, release=release, namespace=None)
+        from dapo.k8s.values import coalesce, parse_set
+
+        sets = render_script().RENDER_CLUSTER + render_script().RENDER_FABRIC.get(name, ())
+        cluster = coalesce({}, *[parse_set(x) for x in sets])
+        assert objects == python_objects(files, release=release, namespace=None, extra=cluster, stand_in=False)
 
 
 def test_render_check_flag_reports_a_stale_file(tmp_path, capsys, monkeypatch):

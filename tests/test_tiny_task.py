@@ -68,3 +68,50 @@ def test_recheck_and_guess_labels_of_tiny_mech_and_unchanged_labels_without_them
     local = load_preset("tiny-mech").local
     assert spec_key(local) != spec_key(dataclasses.replace(
         local, warm_start=dataclasses.replace(local.warm_start, recheck_rate=0.0, guess_rate=0.0)))
+
+
+def test_long_wrong_and_swapped_labels_of_tiny_len_and_tiny_clip_and_old_labels_unchanged():
+    import numpy as np
+
+    from dapo.tiny.task import sft_response
+
+    p = Problem(47, 38)
+    assert p.response(swaps=(True, False)) == "8+7=15\n4+3+1=8\nAnswer: 85"
+    train, _ = make_problems(3, 400, 10, 1, 2)
+    # the new rates at their defaults: the draws (and so the labels) of tiny-mech are unchanged
+    a = [sft_response(q, np.random.default_rng(3), 0.8, 0.4, 0.25) for q in train]
+    b = [sft_response(q, np.random.default_rng(3), 0.8, 0.4, 0.25, None, 0.0) for q in train]
+    assert a == b
+    rng = np.random.default_rng(0)
+    long_wrong = [(q, sft_response(q, rng, 0.0, 0.5, 0.0, 1.0)) for q in train]
+    rechecked = [(q, t) for q, t in long_wrong if "Check:" in t]
+    assert 0.4 < len(rechecked) / len(train) < 0.6
+    assert all(compute_score(t, str(q.answer))["acc"] != q.carries for q, t in rechecked)  # wrong iff it carries
+    assert all(compute_score(t, str(q.answer))["acc"] for q, t in long_wrong if "Check:" not in t)
+    swapped = [sft_response(q, rng, 0.0, swap_rate=0.1) for q in train]
+    pairs = [(a, b) for q, t in zip(train, swapped) for a, b in zip(t.splitlines(), q.response().splitlines())
+             if a[0] != a[2]]  # lines whose two digits differ: a swap shows
+    assert 0.05 < np.mean([a != b for a, b in pairs]) < 0.15
+    assert all(compute_score(t, str(q.answer))["acc"] for q, t in zip(train, swapped))  # the reward ignores it
+    local = load_preset("tiny-len").local
+    assert spec_key(local) != spec_key(dataclasses.replace(
+        local, warm_start=dataclasses.replace(local.warm_start, recheck_mistake_rate=None)))
+
+
+def test_the_warm_start_is_the_same_bit_for_bit_whatever_the_thread_count(tmp_path):
+    import torch
+
+    from dapo.tiny.assets import prepare
+
+    local = load_preset("tiny-mech", ["local.warm_start.steps=3", "local.task.n_train=300",
+                                      "local.warm_start.batch_size=16"]).local
+    before = torch.get_num_threads()
+    digests = []
+    try:
+        for threads in (2, 1):  # a matmul split over 2 threads sums in another order: different weights unpinned
+            torch.set_num_threads(threads)
+            digests.append(prepare(local, tmp_path / f"t{threads}", log=lambda s: None).warm_start["weights_sha256"])
+    finally:
+        torch.set_num_threads(before)
+    assert digests[0] == digests[1] and len(digests[0]) == 64
+    assert torch.get_num_threads() == before

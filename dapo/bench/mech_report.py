@@ -1,18 +1,21 @@
-"""The report of ``dapo bench mechanisms``: the summary table, the effect sizes, the steps-to-target ratio and the
-figures (one per mechanism, mean ± seed sd per step), from the cached runs (:mod:`dapo.bench.mechanisms`).
+"""The report of ``dapo bench mechanisms``: the summary table (each mechanism's precondition, its effect over the
+pre-registered seeds and over the held-out seeds, the verdicts), the steps-to-target headline
+(:mod:`dapo.bench.target`) and the figures (one per mechanism, mean ± seed sd per step), from the cached runs
+(:mod:`dapo.bench.mechanisms`).
 
 Rules, fixed before the runs:
 
 - an outcome is a run's mean over the second half of its steps (steps > last / 2); for validation accuracy, over the
   validations in that half;
 - effect size d = (mean with - mean without) / sqrt((sd_with^2 + sd_without^2) / 2) over the seeds (sd with ddof 1);
-  the effect "matches the paper" when its sign is the paper's and |d| >= 2, is "same direction, within noise" when the
-  sign is right and |d| < 2, and "opposite" otherwise;
-- the headline target is naive GRPO's validation accuracy averaged over its seeds and its validations at steps
-  20-24 (``dapo.bench.mechanisms.TARGET_WINDOW``); steps (and generated responses) to the first validation at or
-  above it, per seed.
+  the effect "matches the paper" ("yes") when its sign is the paper's and |d| >= 2, is "same direction, within
+  noise" when the sign is right and |d| < 2, and "opposite" otherwise -- computed for the pre-registered seeds (the
+  verdict) and, apart, for the held-out seeds (its replication);
+- a precondition holds when every statistic of :data:`dapo.bench.precondition.THRESHOLDS` reaches its level on the
+  warm-started policy; a verdict on a task whose precondition fails is reported as such.
 
-Imports numpy, matplotlib (lazily) and :mod:`dapo.train.metrics`.
+Imports numpy, matplotlib (lazily), :mod:`dapo.bench.precondition`, :mod:`dapo.bench.target` and
+:mod:`dapo.train.metrics`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Optional
 import numpy as np
 
 from dapo.backends.local.update import CLIP_HIGH_BINS, clip_high_key
-from dapo.bench.precondition import THRESHOLDS
+from dapo.bench.precondition import verdicts
+from dapo.bench.target import headline as target_headline
 
 
 def _records(run: dict) -> list[dict]:
@@ -76,35 +80,6 @@ def clip_high_hist(runs: list[dict], max_step: Optional[int] = None) -> np.ndarr
     return np.asarray(out, dtype=float)
 
 
-def steps_to(run: dict, target: float) -> tuple[Optional[float], Optional[float]]:
-    for s, a, x in run["curve"]:
-        if s > 0 and a is not None and a >= target - 1e-9:  # the target is a mean of such accuracies: no rounding miss
-            return float(s), (None if x is None else float(x))
-    return None, None
-
-
-def headline(results: dict[str, list[dict]], window: tuple[int, int]) -> Optional[dict]:
-    if "naive GRPO" not in results or "DAPO" not in results:
-        return None
-    lo, hi = window
-    vals = [a for r in results["naive GRPO"] for s, a, _ in r["curve"] if a is not None and lo <= s <= hi]
-    if not vals:
-        return None
-    target = float(np.mean(vals))
-    out = {"target": target, "window": [lo, hi]}
-    for name in ("naive GRPO", "DAPO"):
-        reach = [steps_to(r, target) for r in results[name]]
-        out[name] = {"steps": [s for s, _ in reach], "samples": [x for _, x in reach]}
-    means = {}
-    for name in ("naive GRPO", "DAPO"):
-        st = [s for s in out[name]["steps"] if s is not None]
-        sa = [x for x in out[name]["samples"] if x is not None]
-        means[name] = (np.mean(st) if st else None, np.mean(sa) if sa else None, len(st))
-    n0, d0 = means["naive GRPO"], means["DAPO"]
-    out["ratio_steps"] = float(d0[0] / n0[0]) if n0[0] and d0[0] else None
-    out["ratio_samples"] = float(d0[1] / n0[1]) if n0[1] and d0[1] else None
-    out["reached"] = {k: v[2] for k, v in means.items()}
-    return out
 
 
 def _band(ax, runs: list[dict], key: str, label: str) -> None:
@@ -130,22 +105,24 @@ LABELS = {"actor/entropy": "policy entropy (actor/entropy)",
           "val_per_sample": "validation accuracy"}  # fmt: skip
 
 
-def mechanism_figure(mech: str, spec: dict, results: dict[str, list[dict]], out: Path) -> Path:
-    """One row of panels: each of the mechanism's diagnostic curves, with / without, mean ± seed sd per step (for
-    clip-higher a last panel: the pi_old histogram of the up-clipped tokens, the paper's Fig. 3)."""
+
+
+def mechanism_figure(mech: str, spec: dict, with_runs: list[dict], without_runs: list[dict], out: Path) -> Path:
+    """One row of panels: each of the mechanism's diagnostic curves, with / without, mean ± seed sd per step
+    (``clip-hist``: the pi_old histogram of the up-clipped tokens over the whole runs, the paper's Fig. 3)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = list(spec["curves"]) + (["clip-hist"] if mech == "clip-higher" else [])
+    keys = list(spec["curves"])
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.8), squeeze=False)
-    pair = [("DAPO", "with (DAPO)"), (spec["without"], f"without ({spec['without']})")]
+    pair = [(with_runs, "with (DAPO)"), (without_runs, f"without ({spec['without']})")]
     for ax, key in zip(axes[0], keys):
         if key == "clip-hist":
             width = 0.08
-            for i, (name, label) in enumerate(pair):
-                h = clip_high_hist(results.get(name, []))
+            for i, (runs, label) in enumerate(pair):
+                h = clip_high_hist(runs)
                 if not len(h):
                     continue
                 frac = h / np.maximum(h.sum(1, keepdims=True), 1)
@@ -155,13 +132,13 @@ def mechanism_figure(mech: str, spec: dict, results: dict[str, list[dict]], out:
             ax.set_ylabel("share of up-clipped tokens")
             ax.set_xticks(CLIP_HIGH_BINS)
         else:
-            for name, label in pair:
-                _band(ax, results.get(name, []), key, label)
+            for runs, label in pair:
+                _band(ax, runs, key, label)
             ax.set_xlabel("generated responses" if key == "val_per_sample" else "rollout step")
             ax.set_ylabel(LABELS.get(key, key))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{mech} ({spec['figure']} of the DAPO paper, in miniature): mean ± seed sd")
+    fig.suptitle(f"{mech} on {spec['preset']} ({spec['figure']} of the DAPO paper, in miniature): mean ± seed sd")
     fig.tight_layout()
     path = out / f"mech-{mech.replace(' ', '-')}.png"
     fig.savefig(path, dpi=70)
@@ -169,16 +146,16 @@ def mechanism_figure(mech: str, spec: dict, results: dict[str, list[dict]], out:
     return path
 
 
-def headline_figure(results: dict[str, list[dict]], target: Optional[float], out: Path) -> Path:
+def headline_figure(dapo: list[dict], naive: list[dict], target: Optional[float], out: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for name in ("naive GRPO", "DAPO"):
-        _band(axes[0], results.get(name, []), "val", name)
-        _band(axes[1], results.get(name, []), "val_per_sample", name)
+    for name, runs in (("naive GRPO", naive), ("DAPO", dapo)):
+        _band(axes[0], runs, "val", name)
+        _band(axes[1], runs, "val_per_sample", name)
     for ax, xl in zip(axes, ("rollout step", "generated responses")):
         if target is not None:
             ax.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:.3f}")
@@ -186,7 +163,7 @@ def headline_figure(results: dict[str, list[dict]], target: Optional[float], out
         ax.set_ylabel("validation accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("DAPO vs naive GRPO on tiny-mech: mean ± seed sd")
+    fig.suptitle("DAPO vs naive GRPO: mean ± seed sd (every seed)")
     fig.tight_layout()
     path = out / "mech-headline.png"
     fig.savefig(path, dpi=70)
@@ -202,83 +179,108 @@ def _mean_sd(vals: list[float], spec: str = ".3f") -> str:
     return f"{format(float(np.mean(v)), spec)} ± {format(float(sd), spec)}"
 
 
-def precondition_rows(pre: dict, results: dict[str, list[dict]]) -> dict[str, str]:
-    """mechanism -> its precondition, measured (warm start; clip-higher: the first 5 steps of the DAPO runs)."""
-    h = clip_high_hist(results.get("DAPO", []), max_step=5)
-    low = h[:, 0].sum() / h.sum() if len(h) and h.sum() > 0 else float("nan")
-    pre["clip_high_lowprob_share"] = float(low)
-    pre["clip_high_tokens_first5"] = float(h.sum()) if len(h) else 0.0
-
-    nan = float("nan")
-
-    def row(key: str, what: str, sign: str = ">=") -> str:
-        v = pre.get(key, nan)
-        if math.isnan(v):
-            return f"{what}: not measured"
-        return f"{what} {v:.2f} (needs {sign} {THRESHOLDS[key]}: {'holds' if v >= THRESHOLDS[key] else 'FAILS'})"
-
-    return {
-        "clip-higher": row("clip_high_lowprob_share", "share of up-clipped tokens with pi_old < 0.2 (steps 1-5, "
-                           f"{pre['clip_high_tokens_first5']:.0f} tokens)"),
-        "token-level loss": row("length_cv", "response-length CV") + f"; {pre.get('long_wrong_share', nan):.0%} of "
-                            "the longer-than-median responses wrong",
-        "overlong shaping": row("cap_share", f"share cut by the {pre.get('max_response_length', '?')}-token cap"),
-        "dynamic sampling": row("uniform_group_share", "share of all-correct / all-wrong groups"),
-    }
 
 
-def write_report(results: dict[str, list[dict]], pre: dict, out: Path, meta: str, seeds: list[int],
-                 mechanisms: dict[str, dict], window: tuple[int, int]) -> str:
-    """``mechanisms.md`` / ``.json`` and the figures in ``out`` (``mechanisms``: :data:`dapo.bench.mechanisms.MECHANISMS`,
-    ``window``: the steps whose naive GRPO accuracy sets the headline target); returns the markdown."""
+def precondition_cell(mech: str, pre: Optional[dict]) -> str:
+    """The measured precondition of ``mech`` on its task's warm start, against its thresholds."""
+    if not pre:
+        return "not measured"
+    v = verdicts(pre)[mech]
+    checks = "; ".join(f"{k} {'-' if x is None else format(x, '.3f')} (needs >= {need})" for k, x, need in v["checks"])
+    return f"{'holds' if v['holds'] else 'FAILS'}: {checks}"
+
+
+def _effects(mech: str, spec: dict, results: dict, groups: dict[str, list[int]]) -> dict:
+    key, sign = spec["outcome"]
+    w_runs, wo_runs = results.get((spec["preset"], "DAPO"), {}), results.get((spec["preset"], spec["without"]), {})
+    out = {}
+    for gname, seeds in groups.items():
+        w = [second_half(w_runs[s], key) for s in seeds if s in w_runs]
+        wo = [second_half(wo_runs[s], key) for s in seeds if s in wo_runs]
+        if w and wo:
+            out[gname] = effect(w, wo, sign)
+    return out
+
+
+def _fmt_effect(e: Optional[dict]) -> list[str]:
+    if e is None:
+        return ["-", "-", "-", "not run"]
+    return [_mean_sd(e["with"]), _mean_sd(e["without"]), f"{e['d']:+.1f}", e["verdict"]]
+
+
+def _headline_text(hl: dict) -> str:
+    r = hl["rule"]
+    text = (f"\nheadline target: a0 {r['a0']:.3f} (warm start, mean of {r['n_step0']} step-0 validations; one "
+            f"validation's sd {r['sigma_val']:.4f}, the set's SE {r['se_set']:.4f}); naive GRPO's final gain "
+            f"{r['gain']:+.3f}; target a0 + {r['fraction']} x gain = {r['target']:.3f}, {r['margin_sd']:.1f} sd of "
+            f"the smoothed curve and {r['margin_se_set']:.1f} SE of the set above a0: "
+            f"{'decidable' if r['decidable'] else 'NOT decidable (below the noise rule)'}\n\n"
+            "| seeds | DAPO steps to target | naive GRPO steps | ratio (95 % interval) | verdict | generated "
+            "responses, DAPO / naive |\n|---|---|---|---|---|---|\n")
+
+    def fmt(v: list) -> str:
+        return ", ".join("not reached" if x is None else f"{x:.0f}" for x in v)
+
+    for gname, g in hl["groups"].items():
+        rs = "-" if g["ratio_samples"] is None else f"{g['ratio_samples']:.2f}x"
+        text += (f"| {gname} ({', '.join(map(str, g['seeds']))}) | {fmt(g['DAPO']['steps'])} | "
+                 f"{fmt(g['naive GRPO']['steps'])} | {g['ratio']:.2f}x ({g['lo']:.2f}-{g['hi']:.2f}) | {g['verdict']} "
+                 f"| {rs} |\n")  # fmt: skip
+    return text
+
+
+def write_report(results: dict[tuple[str, str], dict], pre: dict[str, dict], out: Path, meta: str,
+                 groups: dict[str, list[int]], mechanisms: dict[str, dict], headline_spec: Optional[dict]) -> str:
+    """``mechanisms.md`` / ``.json`` and the figures in ``out``; returns the markdown. ``results``: (preset, rung) ->
+    {seed: run}; ``pre``: preset -> its preconditions; ``groups``: the seed groups reported apart; ``mechanisms``:
+    the selected entries of :data:`dapo.bench.mechanisms.MECHANISMS`; ``headline_spec``:
+    :data:`dapo.bench.mechanisms.HEADLINE` when the headline was asked for."""
+    from dapo.config import load_preset
+
     out.mkdir(parents=True, exist_ok=True)
-    pre_rows = precondition_rows(pre, results)
-    lines = ["| mechanism | precondition at warm start | outcome (2nd half of the run) | with | without | "
-             "effect (seed sd) | figure | matches the paper? |", "|---|---|---|---|---|---|---|---|"]
+    groups = {k: v for k, v in groups.items() if v}
+    head = ["mechanism", "task", "precondition at warm start", "outcome (2nd half)"]
+    for gname in groups:
+        head += [f"with ({gname})", f"without ({gname})", f"d ({gname})", f"verdict ({gname})"]
+    lines = ["| " + " | ".join(head + ["figure"]) + " |", "|" + "---|" * (len(head) + 1)]
     effects = {}
     for mech, spec in mechanisms.items():
-        if "DAPO" not in results or spec["without"] not in results:
-            lines.append(f"| {mech} | {pre_rows[mech]} | not run | | | | | |")
-            continue
+        effects[mech] = _effects(mech, spec, results, groups)
         key, sign = spec["outcome"]
-        w = [second_half(r, key) for r in results["DAPO"]]
-        wo = [second_half(r, key) for r in results[spec["without"]]]
-        eff = effect(w, wo, sign)
-        effects[mech] = eff
-        fig = mechanism_figure(mech, spec, results, out)
-        lines.append(f"| {mech} | {pre_rows[mech]} | {LABELS.get(key, key)} ({'higher' if sign > 0 else 'lower'} "
-                     f"with it in the paper) | {_mean_sd(w)} | {_mean_sd(wo)} | {eff['d']:+.1f} | "
-                     f"{spec['figure']}: `{fig.name}` | {eff['verdict']} |")  # fmt: skip
-    hl = headline(results, window)
+        w_runs = list(results.get((spec["preset"], "DAPO"), {}).values())
+        wo_runs = list(results.get((spec["preset"], spec["without"]), {}).values())
+        fig = mechanism_figure(mech, spec, w_runs, wo_runs, out).name if w_runs and wo_runs else "-"
+        cells = [mech, spec["preset"], precondition_cell(mech, pre.get(spec["preset"])),
+                 f"{LABELS.get(key, key)} ({'higher' if sign > 0 else 'lower'} with it in the paper)"]
+        for gname in groups:
+            cells += _fmt_effect(effects[mech].get(gname))
+        lines.append("| " + " | ".join(cells + [f"{spec['figure']}: `{fig}`"]) + " |")
     text = meta + "\n" + "\n".join(lines) + "\n"
-    if hl:
-        headline_figure(results, hl["target"], out)
-
-        def fmt(v: list) -> str:
-            return ", ".join("-" if x is None else f"{x:.0f}" for x in v)
-
-        text += (
-            f"\nheadline: target {hl['target']:.3f} (naive GRPO's mean validation accuracy at steps "
-            f"{hl['window'][0]}-{hl['window'][1]}); rollout steps to it per seed: DAPO {fmt(hl['DAPO']['steps'])}, "
-            f"naive GRPO {fmt(hl['naive GRPO']['steps'])}; ratio of the means "
-            f"{'-' if hl['ratio_steps'] is None else format(hl['ratio_steps'], '.2f')}x (goal <= 0.5x); generated "
-            f"responses: DAPO {fmt(hl['DAPO']['samples'])}, naive {fmt(hl['naive GRPO']['samples'])}, ratio "
-            f"{'-' if hl['ratio_samples'] is None else format(hl['ratio_samples'], '.2f')}x; reached by "
-            f"{hl['reached']['DAPO']}/{len(results['DAPO'])} DAPO and {hl['reached']['naive GRPO']}/"
-            f"{len(results['naive GRPO'])} naive seeds\n"
-        )
-    finals = ["| rung | final val acc | val acc, 2nd half | entropy, 2nd half | length, 2nd half | responses / run |",
-              "|---|---|---|---|---|---|"]
-    for name, runs in results.items():
-        finals.append(f"| {name} | {_mean_sd([r.get('val_acc_after') for r in runs])} | "
-                      f"{_mean_sd([second_half(r, 'val') for r in runs])} | "
-                      f"{_mean_sd([second_half(r, 'actor/entropy') for r in runs])} | "
-                      f"{_mean_sd([second_half(r, 'response_length/mean') for r in runs], '.1f')} | "
-                      f"{_mean_sd([r.get('gen_samples_total') for r in runs], '.0f')} |")  # fmt: skip
+    hl = None
+    preset, (rd, rn) = (headline_spec or {}).get("preset"), (headline_spec or {}).get("rungs", (None, None))
+    dapo, naive = results.get((preset, rd), {}), results.get((preset, rn), {})
+    if headline_spec and dapo and naive:
+        p = load_preset(preset)
+        groups_all = {**groups, "all": [s for g in groups.values() for s in g]} if len(groups) > 1 else groups
+        hl = target_headline({s: r["curve"] for s, r in dapo.items()}, {s: r["curve"] for s, r in naive.items()},
+                             p.local.task.n_val if p.local else 0, p.recipe.trainer.total_training_steps, groups_all)
+        headline_figure(list(dapo.values()), list(naive.values()), hl["rule"]["target"], out)
+        text += _headline_text(hl)
+    finals = ["| task | rung | seeds | final val acc | val acc, 2nd half | entropy, 2nd half | length, 2nd half | "
+              "responses / run |", "|---|---|---|---|---|---|---|---|"]
+    for (preset, rung), runs in results.items():
+        rs = list(runs.values())
+        finals.append(f"| {preset} | {rung} | {len(rs)} | {_mean_sd([r.get('val_acc_after') for r in rs])} | "
+                      f"{_mean_sd([second_half(r, 'val') for r in rs])} | "
+                      f"{_mean_sd([second_half(r, 'actor/entropy') for r in rs])} | "
+                      f"{_mean_sd([second_half(r, 'response_length/mean') for r in rs], '.1f')} | "
+                      f"{_mean_sd([r.get('gen_samples_total') for r in rs], '.0f')} |")  # fmt: skip
     text += "\n" + "\n".join(finals) + "\n"
     (out / "mechanisms.md").write_text(text)
     (out / "mechanisms.json").write_text(json.dumps(
-        {"seeds": seeds, "preconditions": pre, "effects": effects, "headline": hl,
-         "runs": {k: [{kk: vv for kk, vv in r.items() if kk != "counters"} for r in v] for k, v in results.items()}},
+        {"groups": groups, "preconditions": pre, "precondition_verdicts": {p: verdicts(v) for p, v in pre.items()},
+         "effects": effects, "headline": hl,
+         "runs": {f"{k[0]}/{k[1]}": {s: {kk: vv for kk, vv in r.items() if kk != "counters"} for s, r in v.items()}
+                  for k, v in results.items()}},
         indent=2, default=str))  # fmt: skip
     return text

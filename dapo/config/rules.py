@@ -150,6 +150,8 @@ def _check_local(preset: Preset) -> None:
         bad("local.task.n_train", f"({lc.task.n_train}) must be >= recipe.data.train_batch_size")
     if not 0.0 <= lc.warm_start.mistake_rate <= 1.0:
         bad("local.warm_start.mistake_rate", f"must be in [0, 1], got {lc.warm_start.mistake_rate}")
-    for key in ("recheck_rate", "guess_rate"):
+    for key in ("recheck_rate", "guess_rate", "swap_rate", "recheck_mistake_rate"):
+        if key == "recheck_mistake_rate" and lc.warm_start.recheck_mistake_rate is None:
+            continue
         if not 0.0 <= getattr(lc.warm_start, key) <= 1.0:
             bad(f"local.warm_start.{key}", f"must be in [0, 1], got {getattr(lc.warm_start, key)}")

@@ -305,6 +305,12 @@ class WarmStartSpec:
     # Fraction of the other SFT labels that write only the answer line (short responses, mostly wrong when sampled);
     # 0 (the default) leaves the tiny tasks unchanged.
     guess_rate: float = 0.0
+    # Rechecking labels on carrying problems forget the carry with this probability instead of mistake_rate (long
+    # responses that are wrong: the token-level loss's task); None (the default) uses mistake_rate.
+    recheck_mistake_rate: Optional[float] = None
+    # Probability that a line of working writes its two digits in the other order ("8+7=15"): a rare style the reward
+    # ignores (clip-higher's task); 0 (the default) leaves the other tasks unchanged.
+    swap_rate: float = 0.0
 
 
 @dataclass

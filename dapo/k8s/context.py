@@ -4,7 +4,7 @@ preset after the overrides, the object names, labels and metadata. :class:`dapo.
 :class:`dapo.k8s.rayjobs.RayJobs`, :class:`dapo.k8s.helm_tests.HelmTestPods` and :class:`dapo.k8s.manifests.Chart`
 build on it.
 
-Imports :mod:`dapo.k8s.presets`, :mod:`dapo.k8s.security` and :mod:`dapo.k8s.values` only.
+Imports :mod:`dapo.k8s.presets`, :mod:`dapo.k8s.security`, :mod:`dapo.k8s.values` and :mod:`dapo.k8s.versions` only.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from dapo.k8s.presets import effective_preset, merged_preset
 from dapo.k8s.security import check_security
 from dapo.k8s.values import check, fullname, placement
+from dapo.k8s.versions import image_ref  # noqa: F401  (the modules that build pods import it from here)
 
 
 class ChartContext:
@@ -38,6 +39,22 @@ class ChartContext:
         self.placement = placement(values, self.preset)
         # the preset after the preset-key overrides: paths, experiment name and model of the run
         self.effective = effective_preset(self.preset, list(values["overrides"]))
+
+    # -- images (the chart's dapo.trainImage, dapo.evalImage) ----------------------------------------------------
+
+    def train_image(self) -> dict[str, str]:
+        """The training RayJob's image: image.*, or train.reference.image.* with the reference runner."""
+        v = self.v
+        img = v["train"]["reference"]["image"] if v["train"]["runner"] == "reference" else v["image"]
+        return {"repository": img["repository"], "tag": img["tag"], "digest": img.get("digest") or ""}
+
+    def eval_image(self) -> dict[str, str]:
+        """The evaluation RayJob's image: eval.image.*, each "" falling back to image.* (the digest only when the
+        evaluation runs the training image itself: repository, tag and digest all "")."""
+        e, i = self.v["eval"]["image"], self.v["image"]
+        digest = e.get("digest") or ("" if e.get("repository") or e.get("tag") else i.get("digest") or "")
+        return {"repository": e.get("repository") or i["repository"], "tag": e.get("tag") or i["tag"],
+                "digest": digest}
 
     # -- names and labels ----------------------------------------------------------------------------------------
 

@@ -35,7 +35,8 @@ import copy
 from typing import Any
 
 from dapo.k8s.rayjobs import RayJobs
-from dapo.k8s.security import FOLLOWER_SKIPS, checkov_skips
+from dapo.k8s.context import image_ref
+from dapo.k8s.security import FOLLOWER_SKIPS, checkov_skips, tag_only
 from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, spec_sha256
 from dapo.k8s.presets import trainer_path
 
@@ -76,16 +77,14 @@ class LogFollowers(RayJobs):
             out = trainer_path(trainer["default_local_dir"], trainer)
         return (out[:-1] if out.endswith("/") else out) + "/logs"
 
-    def follower_image(self, kind: str) -> str:
-        v, img = self.v, self.v["logs"]["image"]
-        if kind == "eval":
-            repo, tag = v["eval"]["image"].get("repository") or v["image"]["repository"], \
-                v["eval"]["image"].get("tag") or v["image"]["tag"]
-        elif v["train"]["runner"] == "reference":
-            repo, tag = v["train"]["reference"]["image"]["repository"], v["train"]["reference"]["image"]["tag"]
-        else:
-            repo, tag = v["image"]["repository"], v["image"]["tag"]
-        return f"{img.get('repository') or repo}:{img.get('tag') or tag}"
+    def follower_image(self, kind: str) -> dict[str, str]:
+        """logs.image, each "" falling back to the image of the RayJob it follows (the digest too when the follower
+        runs that image itself: logs.image.repository and tag both "")."""
+        img = self.v["logs"]["image"]
+        job = self.eval_image() if kind == "eval" else self.train_image()
+        own = bool(img.get("repository") or img.get("tag"))
+        return {"repository": img.get("repository") or job["repository"], "tag": img.get("tag") or job["tag"],
+                "digest": img.get("digest") or ("" if own else job["digest"])}
 
     @property
     def follower_rbac_created(self) -> bool:
@@ -119,7 +118,8 @@ class LogFollowers(RayJobs):
 
     def follower_job(self, kind: str) -> dict[str, Any]:
         v, lg = self.v, self.v["logs"]
-        image, pull = self.follower_image(kind), v["image"]["pullPolicy"]
+        pinned = self.follower_image(kind)
+        image, pull = image_ref(pinned), v["image"]["pullPolicy"]
         mount = v["storage"]["mountPath"]
         common = {"resources": copy.deepcopy(lg["resources"])}
         if lg.get("securityContext"):
@@ -170,5 +170,5 @@ class LogFollowers(RayJobs):
             "spec": pod,
         }
         meta = self.metadata(self.follower_name(kind), f"{kind}-logs")
-        meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_sha256(spec), **checkov_skips(FOLLOWER_SKIPS)}
+        meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_sha256(spec), **checkov_skips(FOLLOWER_SKIPS + tag_only(pinned))}
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}

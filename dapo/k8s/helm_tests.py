@@ -9,8 +9,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from dapo.k8s.context import ChartContext
-from dapo.k8s.security import RESTRICTED_CONTAINER, TEST_POD_SKIPS, checkov_skips
+from dapo.k8s.context import ChartContext, image_ref
+from dapo.k8s.security import RESTRICTED_CONTAINER, TEST_POD_SKIPS, checkov_skips, tag_only
 
 TEST_HOOK = {"helm.sh/hook": "test", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
 
@@ -21,7 +21,9 @@ class HelmTestPods(ChartContext):
     def test_pods(self) -> list[dict[str, Any]]:
         """The ``helm test`` hook pods: the shared volume, and (test.gpu) one GPU worker's driver and devices."""
         v = self.v
-        image = f"{v['image']['repository']}:{v['image']['tag']}"
+        pinned = {"repository": v["image"]["repository"], "tag": v["image"]["tag"],
+                  "digest": v["image"].get("digest") or ""}
+        image = image_ref(pinned)
         pods = []
         # neither pod talks to the API server
         common: dict[str, Any] = {"restartPolicy": "Never", "automountServiceAccountToken": False}
@@ -71,7 +73,9 @@ class HelmTestPods(ChartContext):
 
     def _test_pod(self, what: str, spec: dict[str, Any]) -> dict[str, Any]:
         meta = self.metadata(f"{self.fullname}-test-{what}", "test")
-        meta["annotations"] = {**TEST_HOOK, **checkov_skips(TEST_POD_SKIPS[what])}
+        v = self.v
+        pinned = {"repository": v["image"]["repository"], "tag": v["image"]["tag"], "digest": v["image"].get("digest")}
+        meta["annotations"] = {**TEST_HOOK, **checkov_skips(TEST_POD_SKIPS[what] + tag_only(pinned))}
         return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
     def shared_test_script(self) -> str:

@@ -10,7 +10,7 @@ The chart's ``dapo.installRules`` (``templates/_validate.tpl``) applies the same
 - Storage class: ``shared-rwx`` (:data:`PLACEHOLDER_CLASS`) is what ``values/*.yaml`` carry on the line the user
   must change; no cluster has it, the claim would stay Pending and every pod with it.
 
-Imports :mod:`dapo.k8s.versions`, :mod:`dapo.k8s.presets` (the error type), :mod:`dapo.util.gofmt`.
+Imports :mod:`dapo.k8s.versions` (the pins, image_ref), :mod:`dapo.k8s.presets` (the error type), :mod:`dapo.util.gofmt`.
 """
 
 from __future__ import annotations
@@ -18,39 +18,46 @@ from __future__ import annotations
 from typing import Any
 
 from dapo.k8s.presets import ValuesError
-from dapo.k8s.versions import EVAL_IMAGE_REPOSITORY, IMAGE_REPOSITORY
+from dapo.k8s.versions import EVAL_IMAGE_REPOSITORY, IMAGE_REPOSITORY, image_ref
 from dapo.util.gofmt import q
 
 PLACEHOLDER_CLASS = "shared-rwx"
 BUILD_COMMAND = "make images REGISTRY=<registry>"
 
 
-def release_images(v: dict[str, Any]) -> list[tuple[str, str]]:
-    """(value key, image) of every image the release's pods run, in the chart's order: training (or the
-    reproduction image), evaluation, the followers' own image."""
+def release_images(v: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(value key, repository, reference) of every image the release's pods run, in the chart's order: training (or
+    the reproduction image), evaluation, the followers' own image."""
     out = []
     if v["train"]["enabled"]:
         if v["train"]["runner"] == "reference":
             img = v["train"]["reference"]["image"]
-            out.append(("train.reference.image.repository", f"{img['repository']}:{img['tag']}"))
+            out.append(("train.reference.image.repository", img["repository"], image_ref(_pin(img))))
         else:
-            out.append(("image.repository", f"{v['image']['repository']}:{v['image']['tag']}"))
+            out.append(("image.repository", v["image"]["repository"], image_ref(_pin(v["image"]))))
     if v["eval"]["enabled"]:
         e = v["eval"]["image"]
-        out.append(("eval.image.repository",
-                    f"{e.get('repository') or v['image']['repository']}:{e.get('tag') or v['image']['tag']}"))
+        img = {"repository": e.get("repository") or v["image"]["repository"], "tag": e.get("tag") or v["image"]["tag"],
+               "digest": e.get("digest")}
+        out.append(("eval.image.repository", img["repository"], image_ref(img)))
     lg = v["logs"]
     if lg["enabled"] and lg["image"].get("repository"):
-        out.append(("logs.image.repository", f"{lg['image']['repository']}:{lg['image'].get('tag') or v['image']['tag']}"))
+        img = {"repository": lg["image"]["repository"], "tag": lg["image"].get("tag") or v["image"]["tag"],
+               "digest": lg["image"].get("digest")}
+        out.append(("logs.image.repository", img["repository"], image_ref(img)))
     return out
+
+
+def _pin(img: dict[str, Any]) -> dict[str, Any]:
+    return {"repository": img["repository"], "tag": img["tag"], "digest": img.get("digest")}
 
 
 def check_install(v: dict[str, Any]) -> None:
     """Raise :class:`ValuesError` when the release would run an unpublished default image or the placeholder
     StorageClass (module doc)."""
     if not v["image"].get("published"):
-        for key, image in release_images(v):
-            if image.rsplit(":", 1)[0] in (IMAGE_REPOSITORY, EVAL_IMAGE_REPOSITORY):
+        for key, repository, image in release_images(v):
+            if repository in (IMAGE_REPOSITORY, EVAL_IMAGE_REPOSITORY):
                 raise ValuesError(
                     f"{key}: {image} is the chart's default image, which has not been published; build both images "
                     f"and push them to your registry with `{BUILD_COMMAND}` (docs/images.md), then set "

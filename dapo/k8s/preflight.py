@@ -38,9 +38,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from dapo.k8s.context import ChartContext
+from dapo.k8s.context import ChartContext, image_ref
 from dapo.k8s.presets import ValuesError
-from dapo.k8s.security import PREFLIGHT_SKIPS, RESTRICTED_CONTAINER, checkov_skips
+from dapo.k8s.security import PREFLIGHT_SKIPS, RESTRICTED_CONTAINER, checkov_skips, tag_only
 
 PREFLIGHT_HOOK = {"helm.sh/hook": "pre-install,pre-upgrade", "helm.sh/hook-weight": "0",
                   "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
@@ -85,9 +85,7 @@ class PreflightJob(ChartContext):
         return (self.preflight_rbac() if self.preflight_reads_claim else []) + [self.preflight_job()]
 
     def preflight_image(self) -> str:
-        v = self.v
-        img = v["train"]["reference"]["image"] if v["train"]["runner"] == "reference" else v["image"]
-        return f"{img['repository']}:{img['tag']}"
+        return image_ref(self.train_image())
 
     def preflight_rbac(self) -> list[dict[str, Any]]:
         """``get`` on storage.existingClaim only, for the storage check's access-mode read (hooks, before the Job)."""
@@ -220,7 +218,8 @@ class PreflightJob(ChartContext):
         if v["queue"]["scheduler"] == "kueue":  # its GPUs are admitted from the run's queue
             meta["labels"]["kueue.x-k8s.io/queue-name"] = v["queue"]["name"]
         fix = pf["storage"]["enabled"] and v["storage"]["fixOwnership"]["enabled"]
-        meta["annotations"] = {**PREFLIGHT_HOOK, **checkov_skips(PREFLIGHT_SKIPS + (FIX_SKIPS if fix else ()))}
+        meta["annotations"] = {**PREFLIGHT_HOOK, **checkov_skips(
+            PREFLIGHT_SKIPS + tag_only(self.train_image()) + (FIX_SKIPS if fix else ()))}
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {
             "backoffLimit": 0, "activeDeadlineSeconds": int(pf["activeDeadlineSeconds"]),
             "template": {"metadata": {"labels": self.selector_labels("preflight")},

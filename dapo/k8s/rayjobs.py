@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from dapo.k8s.context import image_ref
 from dapo.k8s.fabric import entrypoint_args
 from dapo.k8s.pods import PodTemplates
 from dapo.k8s.presets import ValuesError, preset_files, trainer_path
@@ -84,13 +85,12 @@ class RayJobs(PodTemplates):
 
     def train_rayjob(self) -> dict[str, Any]:
         v, pl = self.v, self.placement
-        image, ray_version = f"{v['image']['repository']}:{v['image']['tag']}", v["rayVersion"]
+        image, ray_version = image_ref(self.train_image()), v["rayVersion"]
         entrypoint = None
         if v["train"]["runner"] == "reference":
             from dapo.reference.command import entrypoint as reference_entrypoint
 
-            ref = v["train"]["reference"]
-            image, ray_version = f"{ref['image']['repository']}:{ref['image']['tag']}", ref["rayVersion"]
+            ray_version = v["train"]["reference"]["rayVersion"]
             entrypoint = reference_entrypoint(self.reference_args())
         return self.rayjob(
             kind="train",
@@ -130,7 +130,7 @@ class RayJobs(PodTemplates):
     def eval_rayjob(self) -> dict[str, Any]:
         v = self.v
         ev = v["eval"]
-        image = f"{ev['image'].get('repository') or v['image']['repository']}:{ev['image'].get('tag') or v['image']['tag']}"
+        image = image_ref(self.eval_image())
         return self.rayjob(
             kind="eval",
             name=self.eval_job_name,

@@ -25,7 +25,8 @@ import copy
 from typing import Any
 
 from dapo.k8s.followers import LogFollowers
-from dapo.k8s.security import PREFLIGHT_SKIPS, RESTRICTED_CONTAINER, checkov_skips
+from dapo.k8s.context import image_ref
+from dapo.k8s.security import PREFLIGHT_SKIPS, RESTRICTED_CONTAINER, checkov_skips, tag_only
 
 START_HOOK = {"helm.sh/hook": "post-install,post-upgrade", "helm.sh/hook-weight": "0",
               "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
@@ -82,8 +83,9 @@ class StartGuard(LogFollowers):
 
     def start_guard_job(self) -> dict[str, Any]:
         v, lg = self.v, self.v["logs"]
+        pinned = self.follower_image("train")
         container = {
-            "name": "guard", "image": self.follower_image("train"), "imagePullPolicy": v["image"]["pullPolicy"],
+            "name": "guard", "image": image_ref(pinned), "imagePullPolicy": v["image"]["pullPolicy"],
             "command": ["python", "-m", "dapo.cluster.start_guard"], "args": self.start_guard_args(),
             "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
             "resources": copy.deepcopy(lg["resources"]),
@@ -105,7 +107,7 @@ class StartGuard(LogFollowers):
             {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
             {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}]
         meta = self.metadata(self.start_name, "train-start")
-        meta["annotations"] = {**START_HOOK, **checkov_skips(PREFLIGHT_SKIPS)}  # a hook pod that runs to its end
+        meta["annotations"] = {**START_HOOK, **checkov_skips(PREFLIGHT_SKIPS + tag_only(pinned))}  # a hook pod that runs to its end
         spec = {"backoffLimit": 0,
                 "activeDeadlineSeconds": int(v["train"]["preRunningDeadlineSeconds"]) + GRACE,
                 "template": {"metadata": {"labels": self.selector_labels("train-start")}, "spec": pod}}

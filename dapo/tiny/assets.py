@@ -25,7 +25,9 @@ from typing import Callable
 
 from dapo.util.fsutil import atomic_dir
 
-ASSETS_VERSION = 1
+# 2: the warm start trains on a fixed thread count (dapo.tiny.warmstart.THREADS); caches built before, on the machine's
+# default count, are not reused
+ASSETS_VERSION = 2
 
 
 @dataclass
@@ -45,10 +47,10 @@ def spec_key(local) -> str:
         "model": dataclasses.asdict(local.model),
         # min_digits=0 (the default) is left out so the tiny task keeps the cache key it had before the field existed
         "task": {k: v for k, v in dataclasses.asdict(local.task).items() if (k, v) != ("min_digits", 0)},
-        # recheck_rate=0 and guess_rate=0 (the defaults) are left out for the same reason
+        # the later label styles at their defaults (recheck_rate=0, ...) are left out for the same reason
         "warm_start": {
             k: v for k, v in dataclasses.asdict(local.warm_start).items()
-            if (k, v) not in (("recheck_rate", 0), ("guess_rate", 0))
+            if (k, v) not in (("recheck_rate", 0), ("guess_rate", 0), ("recheck_mistake_rate", None), ("swap_rate", 0))
         },
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
@@ -111,7 +113,7 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
     def build_policy(d: Path) -> None:
         from transformers import AutoModelForCausalLM
 
-        from dapo.tiny.warmstart import sft
+        from dapo.tiny.warmstart import THREADS, fixed_threads, sft, weights_digest
 
         ws = local.warm_start
         model = AutoModelForCausalLM.from_pretrained(str(init_dir), dtype=torch.float32)
@@ -119,15 +121,16 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
         if ws.enable and ws.steps > 0:
             log(
                 f"warm start: supervised training of the tiny policy ({ws.steps} steps x {ws.batch_size}, "
-                f"mistake rate {ws.mistake_rate} on carrying problems); cached for reruns"
+                f"mistake rate {ws.mistake_rate} on carrying problems, {THREADS} torch thread); cached for reruns"
             )
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), fixed_threads(THREADS):
                 torch.manual_seed(local.model.seed)
                 info = sft(
                     model, tokenizer, train, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
                     mistake_rate=ws.mistake_rate, seed=local.model.seed, log=log, recheck_rate=ws.recheck_rate,
-                    guess_rate=ws.guess_rate,
+                    guess_rate=ws.guess_rate, recheck_mistake_rate=ws.recheck_mistake_rate, swap_rate=ws.swap_rate,
                 )
+        info.update(threads=THREADS, torch=torch.__version__, weights_sha256=weights_digest(model))
         model.save_pretrained(str(d))
         tokenizer.save_pretrained(str(d))
         (d / "warm_start.json").write_text(json.dumps(info, indent=2))

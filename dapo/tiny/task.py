@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -62,17 +62,21 @@ class Problem:
     def columns(self) -> int:
         return max(len(str(self.a)), len(str(self.b)))
 
-    def solution(self, forget_carry: bool = False, rechecks: int = 0) -> tuple[str, int]:
+    def solution(self, forget_carry: bool = False, rechecks: int = 0, swaps: tuple[bool, ...] = ()) -> tuple[str, int]:
         """(response text, its final answer): one line per column, units first, then ``Answer: <n>``.
 
         ``forget_carry``: the systematic mistake -- carries are never added to the next column (nor written as a
         leading digit). ``rechecks``: the working is written again that many times, each copy after a ``Check:``
-        line, before the answer (a long, correct-in-substance response that a length cap may cut).
+        line, before the answer (a long, correct-in-substance response that a length cap may cut). ``swaps[i]``:
+        column i is written with its two digits in the other order (``8+7=15`` for 7 + 8): a style the verifier
+        ignores.
         """
         lines, digits, carry = [], [], 0
         for i in range(self.columns()):
             da, db = (self.a // 10**i) % 10, (self.b // 10**i) % 10
             total = da + db + carry
+            if i < len(swaps) and swaps[i]:
+                da, db = db, da
             lines.append(f"{da}+{db}+{carry}={total}" if carry else f"{da}+{db}={total}")
             digits.append(total % 10)
             carry = 0 if forget_carry else total // 10
@@ -92,8 +96,8 @@ class Problem:
     def text(self) -> str:
         return f"What is {self.a} + {self.b}?"
 
-    def response(self, forget_carry: bool = False, rechecks: int = 0) -> str:
-        return self.solution(forget_carry, rechecks)[0]
+    def response(self, forget_carry: bool = False, rechecks: int = 0, swaps: tuple[bool, ...] = ()) -> str:
+        return self.solution(forget_carry, rechecks, swaps)[0]
 
 
 def make_problems(
@@ -165,17 +169,28 @@ MAX_RECHECKS = 3
 
 
 def sft_response(
-    p: Problem, rng: np.random.Generator, mistake_rate: float, recheck_rate: float = 0.0, guess_rate: float = 0.0
+    p: Problem, rng: np.random.Generator, mistake_rate: float, recheck_rate: float = 0.0, guess_rate: float = 0.0,
+    recheck_mistake_rate: Optional[float] = None, swap_rate: float = 0.0,
 ) -> str:
     """A warm-start label: correct, or -- on carrying problems, with probability ``mistake_rate`` -- the
-    "forgot the carry" solution. Two more label styles, each drawn only when its rate is > 0 (so the labels of the
-    tiny tasks do not depend on them): with probability ``recheck_rate`` the working is rewritten 1 to
-    :data:`MAX_RECHECKS` times after ``Check:`` lines before the answer (long, correct in substance, cut by a length
-    cap); otherwise with probability ``guess_rate`` only the answer line is written (short: a model this small
-    cannot add several digits without the working, so sampled guesses are mostly wrong)."""
+    "forgot the carry" solution. More label styles, each drawn only when its rate is set (so the labels of the
+    tasks without it do not depend on it):
+
+    - ``recheck_rate``: the working is rewritten 1 to :data:`MAX_RECHECKS` times after ``Check:`` lines before the
+      answer (long, correct in substance, cut by a length cap);
+    - ``recheck_mistake_rate`` (None: ``mistake_rate``): a rechecking label on a carrying problem forgets the carry
+      with this probability instead -- long responses that are wrong (1.0: all of them, on carrying problems);
+    - ``guess_rate``: otherwise only the answer line is written (short: a model this small cannot add several digits
+      without the working, so sampled guesses are mostly wrong);
+    - ``swap_rate``: each line of working writes its two digits in the other order with this probability -- a
+      rare style the reward ignores (many low-probability tokens in rewarded responses).
+    """
     forget = bool(p.carries and rng.random() < mistake_rate)
     rechecks = int(rng.integers(1, MAX_RECHECKS + 1)) if recheck_rate > 0 and rng.random() < recheck_rate else 0
-    text, answer = p.solution(forget_carry=forget, rechecks=rechecks)
+    if rechecks and recheck_mistake_rate is not None and p.carries:
+        forget = bool(rng.random() < recheck_mistake_rate)
+    swaps = tuple(bool(x) for x in rng.random(p.columns()) < swap_rate) if swap_rate > 0 else ()
+    text, answer = p.solution(forget_carry=forget, rechecks=rechecks, swaps=swaps)
     if not rechecks and guess_rate > 0 and rng.random() < guess_rate:
         return f"Answer: {answer}"
     return text

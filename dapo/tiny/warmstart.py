@@ -4,16 +4,50 @@ Next-token cross-entropy on the response tokens only (prompt tokens are context)
 with :func:`dapo.tiny.task.sft_response` (the "forgot the carry" mistake at ``mistake_rate`` on carrying problems),
 AdamW with a 10-step linear warm-up and a cosine decay to 10 % of ``lr``, run for ``steps`` steps (sized to reach the
 plateau where the policy reproduces the label mixture).
+
+Reproducible: the same spec gives the same weights, bit for bit, whatever the machine's core count -- the training
+runs on :data:`THREADS` torch thread(s) (:func:`fixed_threads`), because a CPU matmul split over more threads sums in
+another order (1 and 2 threads gave different weights after 30 steps, measured). CPUs with other vector units (AVX2
+vs AVX-512, another BLAS) still round differently: see docs/ablation.md for by how much.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
 import time
-from typing import Callable
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
+
+
+# torch threads of the warm start (and of the benchmarks' precondition probe): fixed, so the core count of the machine
+# does not change the float summation order
+THREADS = 1
+
+
+@contextlib.contextmanager
+def fixed_threads(n: int = THREADS) -> Iterator[None]:
+    """Run the block on ``n`` torch intra-op threads, then restore the previous count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def weights_digest(model) -> str:
+    """sha256 of the model's parameters and buffers (name, dtype, shape, bytes; in name order): equal digests are
+    bit-identical weights."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def encode_response(tokenizer, response: str) -> list[int]:
@@ -33,6 +67,8 @@ def sft(
     seed: int,
     recheck_rate: float = 0.0,
     guess_rate: float = 0.0,
+    recheck_mistake_rate: Optional[float] = None,
+    swap_rate: float = 0.0,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Train ``model`` in place; returns {"loss": final smoothed loss, "seconds": wall, "steps": steps}.
@@ -74,7 +110,8 @@ def sft(
     for step in range(steps):
         idx = rng.integers(0, len(problems), size=batch_size)
         prompts = [torch.tensor(prompt_ids(int(i))) for i in idx]
-        resps = [encode_response(tokenizer, sft_response(problems[int(i)], rng, mistake_rate, recheck_rate, guess_rate)) for i in idx]
+        resps = [encode_response(tokenizer, sft_response(problems[int(i)], rng, mistake_rate, recheck_rate, guess_rate,
+                                                         recheck_mistake_rate, swap_rate)) for i in idx]
         p_ids, p_mask = left_pad(prompts, pad)
         width = max(len(r) for r in resps)
         r_ids = torch.full((batch_size, width), pad, dtype=torch.long)

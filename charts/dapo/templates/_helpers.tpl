@@ -56,6 +56,31 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- end -}}
 
 {{/*
+An image reference: <repository>@<digest> when pinned by digest, else <repository>:<tag>.
+Usage: include "dapo.imageRef" (dict "repository" $r "tag" $t "digest" $d). dapo.k8s.versions.image_ref is the twin.
+*/}}
+{{- define "dapo.imageRef" -}}
+{{- if .digest -}}{{ printf "%s@%s" .repository .digest }}{{- else -}}{{ printf "%s:%s" .repository .tag }}{{- end -}}
+{{- end -}}
+
+{{/*
+The training RayJob's image (image.*, or train.reference.image.* with the reference runner) and the evaluation's
+(eval.image.*, each "" falling back to image.*; the digest only when repository and tag are "" too), as JSON
+{repository, tag, digest}. dapo.k8s.context.ChartContext.train_image / eval_image are the twins.
+*/}}
+{{- define "dapo.trainImage" -}}
+{{- $img := .Values.image -}}
+{{- if eq .Values.train.runner "reference" }}{{ $img = .Values.train.reference.image }}{{ end -}}
+{{- toJson (dict "repository" $img.repository "tag" $img.tag "digest" ($img.digest | default "")) -}}
+{{- end -}}
+{{- define "dapo.evalImage" -}}
+{{- $e := .Values.eval.image -}}
+{{- $digest := $e.digest | default "" -}}
+{{- if and (not $digest) (not $e.repository) (not $e.tag) }}{{ $digest = .Values.image.digest | default "" }}{{ end -}}
+{{- toJson (dict "repository" ($e.repository | default .Values.image.repository) "tag" ($e.tag | default .Values.image.tag) "digest" $digest) -}}
+{{- end -}}
+
+{{/*
 RayJob names (KubeRay: a DNS-1035 label of at most 47 characters).
 */}}
 {{- define "dapo.trainJobName" -}}

@@ -33,20 +33,17 @@ The evaluation's checkpoint and output directories (JSON): eval.checkpointDir / 
 
 {{/*
 Image of the follower of RayJob kind "train" or "eval": logs.image, else the image of that RayJob.
-Usage: include "dapo.followerImage" (dict "root" $ "kind" "train")
+Each "" falls back to the RayJob's image (the digest too when repository and tag are "" both). JSON {repository, tag,
+digest}. Usage: include "dapo.followerImage" (dict "root" $ "kind" "train")
 */}}
 {{- define "dapo.followerImage" -}}
 {{- $v := .root.Values -}}
-{{- $repo := $v.image.repository -}}
-{{- $tag := $v.image.tag -}}
-{{- if eq .kind "eval" -}}
-{{- $repo = $v.eval.image.repository | default $v.image.repository -}}
-{{- $tag = $v.eval.image.tag | default $v.image.tag -}}
-{{- else if eq $v.train.runner "reference" -}}
-{{- $repo = $v.train.reference.image.repository -}}
-{{- $tag = $v.train.reference.image.tag -}}
-{{- end -}}
-{{- printf "%s:%s" ($v.logs.image.repository | default $repo) ($v.logs.image.tag | default $tag) -}}
+{{- $img := $v.logs.image -}}
+{{- $job := include "dapo.trainImage" .root | fromJson -}}
+{{- if eq .kind "eval" }}{{ $job = include "dapo.evalImage" .root | fromJson }}{{ end -}}
+{{- $digest := $img.digest | default "" -}}
+{{- if and (not $digest) (not $img.repository) (not $img.tag) }}{{ $digest = $job.digest }}{{ end -}}
+{{- toJson (dict "repository" ($img.repository | default $job.repository) "tag" ($img.tag | default $job.tag) "digest" $digest) -}}
 {{- end -}}
 
 {{/*
@@ -68,7 +65,8 @@ once (podFailurePolicy), evictions do not count.
 {{- else -}}
 {{- $logDir = include "dapo.trainLogDir" $root -}}
 {{- end -}}
-{{- $image := include "dapo.followerImage" . -}}
+{{- $pinned := include "dapo.followerImage" . | fromJson -}}
+{{- $image := include "dapo.imageRef" $pinned -}}
 apiVersion: batch/v1
 kind: Job
 metadata:
@@ -78,7 +76,7 @@ metadata:
     {{- with .hash }}
     dapo-k8s.github.io/spec-sha256: {{ . }}
     {{- end }}
-    {{- include "dapo.checkovSkips" (list "CKV_K8S_15" "CKV_K8S_38" "CKV_K8S_40" "CKV_K8S_43") | nindent 4 }}
+    {{- include "dapo.checkovSkips" (concat (list "CKV_K8S_15" "CKV_K8S_38" "CKV_K8S_40") (include "dapo.tagOnly" $pinned | fromJsonArray)) | nindent 4 }}
   labels:
     {{- include "dapo.labels" (dict "root" $root "component" (printf "%s-logs" .kind)) | nindent 4 }}
 spec:

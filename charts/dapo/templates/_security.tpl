@@ -121,16 +121,24 @@ checkov (make test) findings on the chart's own Jobs and Pods that stay, each wi
 checkov reads (`checkov.io/skipN: <check>=<reason>`). Usage: include "dapo.checkovSkips" (list "CKV_K8S_15" ...).
 dapo.k8s.security.CHECKOV_REASONS is the same text.
 */}}
+{{/*
+["CKV_K8S_43"] (JSON) for an image pinned by tag only, [] for one pinned by digest (dapo.k8s.security.tag_only).
+Usage: include "dapo.tagOnly" (dict "digest" $d ...)
+*/}}
+{{- define "dapo.tagOnly" -}}
+{{- if .digest }}[]{{ else }}["CKV_K8S_43"]{{ end -}}
+{{- end -}}
+
 {{- define "dapo.checkovSkips" -}}
 {{- $reasons := dict
   "CKV_K8S_8" "a helm test or preflight pod runs its checks to completion and serves nothing: no liveness probe"
   "CKV_K8S_9" "a helm test or preflight pod runs its checks to completion and serves nothing: no readiness probe"
-  "CKV_K8S_15" "image.pullPolicy (IfNotPresent): the tags are immutable releases of images of many GB; Always would pull them again at every pod start"
+  "CKV_K8S_15" "image.pullPolicy IfNotPresent: a pod starts without asking the registry once its node holds the image; pinned by digest that copy is the pushed image, pinned by tag NOTES warns that it may be an older push under the same tag"
   "CKV_K8S_22" "torch's import and the CUDA check write caches under HOME and /tmp"
   "CKV_K8S_25" "storage.fixOwnership: the preflight runs the head's ownership step, root with only CHOWN, DAC_OVERRIDE and FOWNER, to fail the install where it would fail the head"
   "CKV_K8S_38" "the follower reads its RayJob's status from the API server (a Role allowing get on the release's RayJobs only)"
   "CKV_K8S_40" "the images' user is uid 1000 as in Ray's own images; runAsNonRoot is enforced"
-  "CKV_K8S_43" "images are pinned by image.tag; to pin by digest set the tag to <tag>@sha256:<digest>"
+  "CKV_K8S_43" "the image is pinned by tag only (no digest value set; NOTES warns): make images prints the --set of its digest"
 -}}
 {{- range $i, $check := . }}
 checkov.io/skip{{ add1 $i }}: {{ printf "%s=%s" $check (index $reasons $check) | quote }}

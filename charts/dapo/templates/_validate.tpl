@@ -252,20 +252,22 @@ not the values files' placeholder shared-rwx.
 {{- $images := list -}}
 {{- if $v.train.enabled -}}
 {{- if eq $v.train.runner "reference" -}}
-{{- $images = append $images (list "train.reference.image.repository" $v.train.reference.image.repository $v.train.reference.image.tag) -}}
+{{- $images = append $images (list "train.reference.image.repository" $v.train.reference.image.repository (include "dapo.imageRef" $v.train.reference.image)) -}}
 {{- else -}}
-{{- $images = append $images (list "image.repository" $v.image.repository $v.image.tag) -}}
+{{- $images = append $images (list "image.repository" $v.image.repository (include "dapo.imageRef" $v.image)) -}}
 {{- end -}}
 {{- end -}}
 {{- if $v.eval.enabled -}}
-{{- $images = append $images (list "eval.image.repository" ($v.eval.image.repository | default $v.image.repository) ($v.eval.image.tag | default $v.image.tag)) -}}
+{{- $e := dict "repository" ($v.eval.image.repository | default $v.image.repository) "tag" ($v.eval.image.tag | default $v.image.tag) "digest" $v.eval.image.digest -}}
+{{- $images = append $images (list "eval.image.repository" $e.repository (include "dapo.imageRef" $e)) -}}
 {{- end -}}
 {{- if and $v.logs.enabled $v.logs.image.repository -}}
-{{- $images = append $images (list "logs.image.repository" $v.logs.image.repository ($v.logs.image.tag | default $v.image.tag)) -}}
+{{- $l := dict "repository" $v.logs.image.repository "tag" ($v.logs.image.tag | default $v.image.tag) "digest" $v.logs.image.digest -}}
+{{- $images = append $images (list "logs.image.repository" $l.repository (include "dapo.imageRef" $l)) -}}
 {{- end -}}
 {{- range $i := $images -}}
 {{- if has (index $i 1) (list "ghcr.io/dapo-k8s/dapo" "ghcr.io/dapo-k8s/dapo-eval") -}}
-{{- fail (printf "%s: %s:%s is the chart's default image, which has not been published; build both images and push them to your registry with `make images REGISTRY=<registry>` (docs/images.md), then set image.repository=<registry>/dapo and eval.image.repository=<registry>/dapo-eval; if the images named do exist (a published release tag), set image.published=true" (index $i 0) (index $i 1) (index $i 2)) -}}
+{{- fail (printf "%s: %s is the chart's default image, which has not been published; build both images and push them to your registry with `make images REGISTRY=<registry>` (docs/images.md), then set image.repository=<registry>/dapo and eval.image.repository=<registry>/dapo-eval; if the images named do exist (a published release tag), set image.published=true" (index $i 0) (index $i 2)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
