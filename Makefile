@@ -118,6 +118,7 @@ clean:
 #   make image                        training image, current stack (docker/Dockerfile + docker/constraints.txt)
 #   make image IMAGE_STACK=repro      reproduction stack of the reference runs (docker/repro.args)
 #   make image-eval                   evaluation image (docker/Dockerfile.eval + docker/constraints-eval.txt)
+#   make image-follow                 log follower / start guard image (docker/Dockerfile.follow: the standard library)
 #   add EFA=1 (image, images) for the AWS EFA variant of the training image: the same lock plus the AWS EFA installer
 #                                     (docker/efa.args), tagged <IMAGE_TAG>-efa -- the tag values/eks-p5.yaml runs
 #   add IMAGE_PUSH=1 to push (docker login to the registry first), IMAGE=/IMAGE_TAG= to rename,
@@ -127,6 +128,9 @@ IMAGE_STACK ?= current
 IMAGE_TAG ?= $(if $(filter repro,$(IMAGE_STACK)),0.1.0-repro-verl4f80e46,0.1.0-verl0.9.1)
 EVAL_IMAGE ?= ghcr.io/dapo-k8s/dapo-eval
 EVAL_IMAGE_TAG ?= 0.1.0-ray2.60.0
+# the log follower's image (logs.image): our version, as it holds only our stdlib modules
+FOLLOW_IMAGE ?= ghcr.io/dapo-k8s/dapo-follow
+FOLLOW_IMAGE_TAG ?= 0.1.0
 IMAGE_PUSH ?= 0
 EFA ?= 0
 # the training image's tag suffix of the EFA variant (values/eks-p5.yaml's image.tag = IMAGE_TAG + this)
@@ -140,7 +144,7 @@ IMAGE_DIGESTS ?= build/images
 # repro stack's 80;90), e.g. CUDA_ARCHS="80;90" adds A100; MAX_JOBS ("" = 8): parallel nvcc jobs, about RAM / 4 GB.
 CUDA_ARCHS ?=
 MAX_JOBS ?=
-.PHONY: image image-eval images lock lock-check
+.PHONY: image image-eval image-follow images lock lock-check
 # The images' lock files (docker/locks/): what each image installs, fully resolved and hashed by uv from
 # docker/requirements*.in, docker/constraints*.txt and pyproject.toml (seconds; docs/images.md, "Change a pin").
 # lock-check resolves again and fails if a committed lock is stale (the image workflow runs it before building).
@@ -154,17 +158,22 @@ image:
 	@if [ "$(EFA)" = 1 ] && [ "$(IMAGE_STACK)" != current ]; then echo "make image: EFA=1 builds the current stack's EFA variant; the $(IMAGE_STACK) stack has none" >&2; exit 2; fi
 	docker/build.sh --file docker/Dockerfile --tag $(IMAGE):$(IMAGE_TAG)$(IMAGE_VARIANT) $(if $(filter-out current,$(IMAGE_STACK)),--args docker/$(IMAGE_STACK).args) $(if $(filter 1,$(EFA)),--args docker/efa.args) $(if $(filter 1,$(IMAGE_PUSH)),--push) $(if $(DIGEST_FILE),--digest-file $(DIGEST_FILE)) -- $(if $(CUDA_ARCHS),--build-arg "FLASH_ATTN_CUDA_ARCHS=$(CUDA_ARCHS)") $(if $(MAX_JOBS),--build-arg "MAX_JOBS=$(MAX_JOBS)")
 
-# Both images into the user's registry, then the values that point the chart at them (EFA=1: the training image's
-# EFA variant, for EKS).
+# The images into the user's registry, then the values that point the chart at them (EFA=1: the training image's
+# EFA variant, for EKS): the training and evaluation images, and the log follower's small one (logs.image).
 images:
 	@if [ -z "$(REGISTRY)" ]; then echo "make images: set REGISTRY=<registry>/<path> (e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/ml or us-docker.pkg.dev/PROJECT/ml); docker login to it first" >&2; exit 2; fi
 	$(MAKE) image IMAGE=$(REGISTRY)/dapo IMAGE_PUSH=1 EFA=$(EFA) DIGEST_FILE=$(IMAGE_DIGESTS)/dapo$(IMAGE_VARIANT).digest
 	$(MAKE) image-eval EVAL_IMAGE=$(REGISTRY)/dapo-eval IMAGE_PUSH=1 DIGEST_FILE=$(IMAGE_DIGESTS)/dapo-eval.digest
-	@printf 'image:\n  repository: %s\n  tag: "%s"\n  digest: %s\neval:\n  image:\n    repository: %s\n    tag: "%s"\n    digest: %s\n' \
+	$(MAKE) image-follow FOLLOW_IMAGE=$(REGISTRY)/dapo-follow IMAGE_PUSH=1 DIGEST_FILE=$(IMAGE_DIGESTS)/dapo-follow.digest
+	@printf 'image:\n  repository: %s\n  tag: "%s"\n  digest: %s\neval:\n  image:\n    repository: %s\n    tag: "%s"\n    digest: %s\nlogs:\n  image:\n    repository: %s\n    tag: "%s"\n    digest: %s\n' \
 		"$(REGISTRY)/dapo" "$(IMAGE_TAG)$(IMAGE_VARIANT)" "$$(cat $(IMAGE_DIGESTS)/dapo$(IMAGE_VARIANT).digest)" \
-		"$(REGISTRY)/dapo-eval" "$(EVAL_IMAGE_TAG)" "$$(cat $(IMAGE_DIGESTS)/dapo-eval.digest)" > $(IMAGE_DIGESTS)/values.yaml
-	@echo "pushed $(REGISTRY)/dapo:$(IMAGE_TAG)$(IMAGE_VARIANT) and $(REGISTRY)/dapo-eval:$(EVAL_IMAGE_TAG); install pinned by digest with -f $(IMAGE_DIGESTS)/values.yaml, or:"
-	@echo "  $(if $(filter 1,$(EFA)),-f values/eks-p5.yaml (its image.tag is $(IMAGE_TAG)$(IMAGE_VARIANT)) )--set image.repository=$(REGISTRY)/dapo --set image.digest=$$(cat $(IMAGE_DIGESTS)/dapo$(IMAGE_VARIANT).digest) --set eval.image.repository=$(REGISTRY)/dapo-eval --set eval.image.digest=$$(cat $(IMAGE_DIGESTS)/dapo-eval.digest)"
+		"$(REGISTRY)/dapo-eval" "$(EVAL_IMAGE_TAG)" "$$(cat $(IMAGE_DIGESTS)/dapo-eval.digest)" \
+		"$(REGISTRY)/dapo-follow" "$(FOLLOW_IMAGE_TAG)" "$$(cat $(IMAGE_DIGESTS)/dapo-follow.digest)" > $(IMAGE_DIGESTS)/values.yaml
+	@echo "pushed $(REGISTRY)/dapo:$(IMAGE_TAG)$(IMAGE_VARIANT), $(REGISTRY)/dapo-eval:$(EVAL_IMAGE_TAG) and $(REGISTRY)/dapo-follow:$(FOLLOW_IMAGE_TAG); install pinned by digest with -f $(IMAGE_DIGESTS)/values.yaml, or:"
+	@echo "  $(if $(filter 1,$(EFA)),-f values/eks-p5.yaml (its image.tag is $(IMAGE_TAG)$(IMAGE_VARIANT)) )--set image.repository=$(REGISTRY)/dapo --set image.digest=$$(cat $(IMAGE_DIGESTS)/dapo$(IMAGE_VARIANT).digest) --set eval.image.repository=$(REGISTRY)/dapo-eval --set eval.image.digest=$$(cat $(IMAGE_DIGESTS)/dapo-eval.digest) --set logs.image.repository=$(REGISTRY)/dapo-follow --set logs.image.tag=$(FOLLOW_IMAGE_TAG) --set logs.image.digest=$$(cat $(IMAGE_DIGESTS)/dapo-follow.digest)"
 
 image-eval:
 	docker/build.sh --file docker/Dockerfile.eval --tag $(EVAL_IMAGE):$(EVAL_IMAGE_TAG) $(if $(filter 1,$(IMAGE_PUSH)),--push) $(if $(DIGEST_FILE),--digest-file $(DIGEST_FILE))
+
+image-follow:
+	docker/build.sh --file docker/Dockerfile.follow --tag $(FOLLOW_IMAGE):$(FOLLOW_IMAGE_TAG) $(if $(filter 1,$(IMAGE_PUSH)),--push) $(if $(DIGEST_FILE),--digest-file $(DIGEST_FILE))

@@ -6,6 +6,7 @@ Shared by tests/test_docker.py (the Dockerfiles) and tests/test_image_locks.py (
 
 from __future__ import annotations
 
+import fnmatch
 import io
 import re
 import shlex
@@ -438,3 +439,36 @@ if argv[:2] == ["buildx", "build"] and "--metadata-file" in argv:
 ''')
     script.chmod(0o755)
     return script
+
+
+# --------------------------------------------------------------------------------------------------------------
+# base images and build contexts
+
+_PINNED_IMAGE = re.compile(
+    r"^(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@sha256:(?P<digest>[0-9a-f]{64}))?$")
+
+
+def assert_pinned_image(ref: str, where: str) -> None:
+    """A base image named by an exact release tag (x.y.z) or a digest, never `latest`."""
+    m = _PINNED_IMAGE.match(ref)
+    assert m, f"{where}: {ref!r} is not an image reference"
+    assert m.group("tag") or m.group("digest"), f"{where}: {ref} has neither tag nor digest"
+    tag = m.group("tag") or ""
+    assert tag != "latest" and "latest" not in tag.split("-"), f"{where}: {ref} uses a moving `latest` tag"
+    if not m.group("digest"):
+        # without a digest the tag must at least name an exact release (x.y.z), not a moving major/minor tag
+        assert re.search(r"\d+\.\d+\.\d+", tag), f"{where}: {ref}: tag {tag!r} is not an exact version"
+
+
+def dockerignored(path: str, patterns: list[str]) -> bool:
+    """Whether a .dockerignore's patterns (in order, `!` re-includes) leave `path` out of the build context."""
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pat = pattern[1:] if negate else pattern
+        hit = fnmatch.fnmatch(path, pat) or fnmatch.fnmatch(path, pat.replace("**/", "")) or any(
+            fnmatch.fnmatch("/".join(path.split("/")[:i]), pat) for i in range(1, path.count("/") + 1))
+        if hit:
+            ignored = not negate
+    return ignored

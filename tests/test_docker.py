@@ -8,7 +8,6 @@ inputs (offline) and against a fresh resolution on the registry.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import os
 import re
@@ -38,6 +37,8 @@ from docker_stack import (
     ROOT,
     StackError,
     apt_installs,
+    assert_pinned_image,
+    dockerignored,
     copied_from,
     fake_digest,
     is_local_artifact,
@@ -169,22 +170,6 @@ def test_no_download_is_piped_into_a_shell(path):
 
 # --------------------------------------------------------------------------------------------------------------
 # base images, user, labels
-
-_PINNED_IMAGE = re.compile(
-    r"^(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
-    r"(?:@sha256:(?P<digest>[0-9a-f]{64}))?$")
-
-
-def assert_pinned_image(ref: str, where: str) -> None:
-    m = _PINNED_IMAGE.match(ref)
-    assert m, f"{where}: {ref!r} is not an image reference"
-    assert m.group("tag") or m.group("digest"), f"{where}: {ref} has neither tag nor digest"
-    tag = m.group("tag") or ""
-    assert tag != "latest" and "latest" not in tag.split("-"), f"{where}: {ref} uses a moving `latest` tag"
-    if not m.group("digest"):
-        # without a digest the tag must at least name an exact release (x.y.z), not a moving major/minor tag
-        assert re.search(r"\d+\.\d+\.\d+", tag), f"{where}: {ref}: tag {tag!r} is not an exact version"
-
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
 def test_base_images_are_pinned_to_exact_tags(stack):
@@ -451,24 +436,12 @@ def test_repro_stack_installs_verl_from_the_commit_and_keeps_its_recipe_tree():
 # build context and build script
 
 
-def _ignored(path: str, patterns: list[str]) -> bool:
-    ignored = False
-    for pattern in patterns:
-        negate = pattern.startswith("!")
-        pat = pattern[1:] if negate else pattern
-        hit = fnmatch.fnmatch(path, pat) or fnmatch.fnmatch(path, pat.replace("**/", "")) or any(
-            fnmatch.fnmatch("/".join(path.split("/")[:i]), pat) for i in range(1, path.count("/") + 1))
-        if hit:
-            ignored = not negate
-    return ignored
-
-
 @pytest.mark.parametrize("stack", sorted(STACKS))
 def test_build_context_keeps_every_file_the_dockerfile_copies(stack):
     df = stack_dockerfile(stack)
     ignore = Path(str(df.path) + ".dockerignore")
     patterns = [ln.strip() for ln in ignore.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-    assert _ignored(".venv/bin/python", patterns), f"{ignore}: the venv would be sent to the builder"
+    assert dockerignored(".venv/bin/python", patterns), f"{ignore}: the venv would be sent to the builder"
     for ins in df.instructions:
         if ins.kind != "COPY" or "--from" in ins.value:
             continue
@@ -477,7 +450,7 @@ def test_build_context_keeps_every_file_the_dockerfile_copies(stack):
             files = [source] if (ROOT / source).is_file() else [
                 str(p.relative_to(ROOT)) for p in (ROOT / source).rglob("*.py")]
             for f in files:
-                assert not _ignored(f, patterns), f"{ignore} excludes {f}, which {df.where(ins)} copies"
+                assert not dockerignored(f, patterns), f"{ignore} excludes {f}, which {df.where(ins)} copies"
 
 
 @pytest.fixture
@@ -528,7 +501,7 @@ def test_make_image_targets_call_the_build_script_with_the_pinned_tags(fake_dock
     assert "--push" in out
 
 
-def test_make_images_builds_and_pushes_both_images_to_the_registry_and_prints_the_values_pinned_by_digest(tmp_path):
+def test_make_images_builds_and_pushes_the_images_to_the_registry_and_prints_the_values_pinned_by_digest(tmp_path):
     """The README's first step, run as processes: make -> docker/build.sh -> a docker that records its argv and
     writes buildx's build metadata: each pushed image's digest is recorded and the printed --set pins it, and the
     chart renders exactly that digest."""
@@ -539,8 +512,8 @@ def test_make_images_builds_and_pushes_both_images_to_the_registry_and_prints_th
                           f"IMAGE_DIGESTS={digests}"], env=env, capture_output=True, text=True, cwd=ROOT,
                          check=True).stdout
     calls = [c.strip("\n").splitlines() for c in log.read_text().split("END\n") if c.strip()]
-    assert len(calls) == 2
-    train, ev = calls
+    assert len(calls) == 3
+    train, ev, follow = calls
     train_tag, eval_tag = f"reg.example.com/ml/dapo:{default_image_tag()}", \
         f"reg.example.com/ml/dapo-eval:{makefile_var('EVAL_IMAGE_TAG')}"
     assert train[train.index("--tag") + 1] == train_tag and "--push" in train and "--metadata-file" in train
@@ -549,16 +522,23 @@ def test_make_images_builds_and_pushes_both_images_to_the_registry_and_prints_th
     assert ev[ev.index("--tag") + 1] == eval_tag and "--push" in ev and "--metadata-file" in ev
     assert (digests / "dapo.digest").read_text().strip() == fake_digest(train_tag)
     assert (digests / "dapo-eval.digest").read_text().strip() == fake_digest(eval_tag)
+    follow_tag = f"reg.example.com/ml/dapo-follow:{makefile_var('FOLLOW_IMAGE_TAG')}"
+    assert follow[follow.index("--tag") + 1] == follow_tag and "--push" in follow
+    assert (digests / "dapo-follow.digest").read_text().strip() == fake_digest(follow_tag)
     (line,) = [x for x in out.splitlines() if "--set image.repository=" in x]
     sets = dict(a.split("=", 1) for a in line.split("--set ")[1:] for a in [a.strip()])
     assert sets == {"image.repository": "reg.example.com/ml/dapo", "image.digest": fake_digest(train_tag),
-                    "eval.image.repository": "reg.example.com/ml/dapo-eval", "eval.image.digest": fake_digest(eval_tag)}
+                    "eval.image.repository": "reg.example.com/ml/dapo-eval", "eval.image.digest": fake_digest(eval_tag),
+                    "logs.image.repository": "reg.example.com/ml/dapo-follow",
+                    "logs.image.tag": makefile_var("FOLLOW_IMAGE_TAG"), "logs.image.digest": fake_digest(follow_tag)}
     # the same values as a file (the README's `-f build/images/values.yaml`), tags beside the digests
     written = yaml.safe_load((digests / "values.yaml").read_text())
     assert written == {"image": {"repository": sets["image.repository"], "tag": default_image_tag(),
                                  "digest": sets["image.digest"]},
                        "eval": {"image": {"repository": sets["eval.image.repository"],
-                                          "tag": makefile_var("EVAL_IMAGE_TAG"), "digest": sets["eval.image.digest"]}}}
+                                          "tag": makefile_var("EVAL_IMAGE_TAG"), "digest": sets["eval.image.digest"]}},
+                       "logs": {"image": {"repository": sets["logs.image.repository"],
+                                          "tag": sets["logs.image.tag"], "digest": sets["logs.image.digest"]}}}
     # those values, as `helm install --set` hands them over: every pod runs the pushed images by digest
     from k8s_support import RWX, helm_notes, helm_objects, parse_sets
 
@@ -568,7 +548,8 @@ def test_make_images_builds_and_pushes_both_images_to_the_registry_and_prints_th
                    coalesce({**RWX, "eval": {"enabled": True}}, written)):
         images = {c["image"] for o in helm_objects(values) for c in _containers_of(o)}
         assert images == {f"reg.example.com/ml/dapo@{fake_digest(train_tag)}",
-                          f"reg.example.com/ml/dapo-eval@{fake_digest(eval_tag)}"}, images
+                          f"reg.example.com/ml/dapo-eval@{fake_digest(eval_tag)}",
+                          f"reg.example.com/ml/dapo-follow@{fake_digest(follow_tag)}"}, images
         assert "pinned by tag only" not in helm_notes(values)
     # without a registry: the reason, and nothing built
     log.unlink()
@@ -725,7 +706,7 @@ def test_make_images_efa_builds_and_pushes_the_efa_variant_under_the_tag_eks_val
     out = subprocess.run(["make", "--no-print-directory", "images", "REGISTRY=reg.example.com/ml", "EFA=1",
                           f"IMAGE_DIGESTS={tmp_path / 'digests'}"],
                          env=env, capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    train, ev = [c.strip("\n").splitlines() for c in log.read_text().split("END\n") if c.strip()]
+    train, ev, _follow = [c.strip("\n").splitlines() for c in log.read_text().split("END\n") if c.strip()]
     eks_tag = yaml.safe_load((ROOT / "values" / "eks-p5.yaml").read_text())["image"]["tag"]
     assert eks_tag == f"{default_image_tag()}-efa"
     assert train[train.index("--tag") + 1] == f"reg.example.com/ml/dapo:{eks_tag}" and "--push" in train
