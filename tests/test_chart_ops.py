@@ -180,7 +180,7 @@ def test_k8s_job_mode_submitter_gets_the_account_priority_and_pod_security_conte
     # the chart's restricted defaults, with the value's fsGroup merged in (Helm merges maps)
     defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["podSecurityContext"]
     assert pod["securityContext"] == {**defaults, "fsGroup": 100} and defaults["runAsNonRoot"] is True
-    assert pod["containers"][0]["securityContext"] == RESTRICTED_CONTAINER
+    assert pod["containers"][0]["securityContext"] == {**RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True}
 
 
 # ---------------------------------------------------------------------------------------------------------------

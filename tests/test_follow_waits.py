@@ -157,6 +157,35 @@ def test_each_wait_is_explained_once_then_the_driver_log_follows(tmp_path, api):
     ]
     assert waits == expected, "\n".join(waits)  # each once, in order; not the other pod's, not Normal noise
     assert set(api.selectors) == {SELECTOR} and len(api.selectors) > 10
+    assert_the_role_grants_exactly(api.requests)
+
+
+def asked(path: str) -> tuple[str, str, str, str]:
+    """(API group, resource, verb, name or "") of one GET the follower sent, as the API server's RBAC reads it."""
+    path, _, query = path.partition("?")
+    parts = path.strip("/").split("/")
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[parts.index("namespaces") + 2:]
+    watch = urllib.parse.parse_qs(query).get("watch", [""])[0] in ("1", "true")
+    verb = "watch" if watch else ("get" if len(rest) == 2 else "list")
+    return group, rest[0], verb, rest[1] if len(rest) == 2 else ""
+
+
+def assert_the_role_grants_exactly(requests: list[str]) -> None:
+    """Every request the follower made is allowed by the follower's Role (chart and render.py), and the Role allows
+    no verb on no resource that the follower did not use: its text says what it reads."""
+    from k8s_support import VALUES_DIR, by_key, helm_objects, python_objects, user_values
+
+    used = {asked(r) for r in requests}
+    files = [VALUES_DIR / "full.yaml"]
+    for objects in (helm_objects(user_values(files), namespace="ml"), python_objects(files, namespace="ml")):
+        rules = by_key(objects)[("Role", "dapo-logs")]["rules"]
+        granted = {(g, res, verb, name) for r in rules for g in r["apiGroups"] for res in r["resources"]
+                   for verb in r["verbs"] for name in r.get("resourceNames") or [""]}
+        assert used <= granted, used - granted
+        # names the Role allows for a run it does not follow here (dapo-eval) aside, all of it was used
+        assert {(g, res, verb) for g, res, verb, _ in granted} == {(g, res, verb) for g, res, verb, _ in used}, \
+            (granted, used)
 
 
 def test_a_run_that_fails_before_its_driver_started_exits_1_naming_the_cause(tmp_path, api):

@@ -16,8 +16,9 @@ where that RayJob's head ran; ``logs.image`` overrides it), non-root with a read
 
 The run's end is read from the RayJob's status, and its waits are explained from the release's pods and the
 namespace's events (:mod:`dapo.cluster.waits`), with the least RBAC that allows it (``logs.rbac.create``):
-ServiceAccount ``K-logs``, a Role allowing ``get`` on ``rayjobs`` of exactly the followed names and ``get``/``list``/
-``watch`` on ``pods`` and ``events`` of the namespace (read-only), a RoleBinding. A
+ServiceAccount ``K-logs``, a Role allowing ``get`` on ``rayjobs`` of exactly the followed names (their status holds
+the run's end) and ``list`` on ``pods`` and ``events`` of the namespace (the follower lists the release's pods by
+label and the namespace's events; RBAC cannot restrict a list to labels), nothing else, a RoleBinding. A
 RoleBinding names its ServiceAccount's namespace, so without a namespace (``scripts/render.py`` without
 ``--namespace``) the three are left out and the follower judges the end from the attempt logs alone.
 
@@ -104,7 +105,7 @@ class LogFollowers(RayJobs):
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(),
              "rules": [{"apiGroups": ["ray.io"], "resources": ["rayjobs"], "resourceNames": names, "verbs": ["get"]},
-                       {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list", "watch"]}]},
+                       {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["list"]}]},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(),
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": self.logs_name},
              "subjects": [{"kind": "ServiceAccount", "name": self.logs_name, "namespace": self.namespace}]},

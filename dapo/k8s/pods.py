@@ -13,7 +13,7 @@ from typing import Any
 from dapo.backends.verl.settings import CPU_RAY_CPUS_PER_GPU
 from dapo.k8s.context import ChartContext
 from dapo.k8s.presets import model_repo
-from dapo.k8s.security import FIX_OWNERSHIP_CONTAINER, RESTRICTED_CONTAINER
+from dapo.k8s.security import FIX_OWNERSHIP_CONTAINER, RESTRICTED_CONTAINER, checkov_skips, ray_pod_skips
 from dapo.k8s.values import hub_offline
 
 DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
@@ -31,6 +31,7 @@ HF_TOKEN_VOLUME = "hf-token"
 HF_TOKEN_DIR = "/var/run/secrets/dapo/hf"
 HF_TOKEN_PATH = f"{HF_TOKEN_DIR}/token"
 
+
 def split_sidecars(sidecars: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(native, plain): the sidecars with ``restartPolicy: Always`` -- Kubernetes native sidecars, init containers
     that keep running and are started (startupProbe passed) before the main containers -- and the others (more
@@ -38,6 +39,11 @@ def split_sidecars(sidecars: list[dict[str, Any]] | None) -> tuple[list[dict[str
     native = [copy.deepcopy(c) for c in sidecars or [] if str(c.get("restartPolicy")) == "Always"]
     plain = [copy.deepcopy(c) for c in sidecars or [] if str(c.get("restartPolicy")) != "Always"]
     return native, plain
+
+
+def sidecar_names(group: dict[str, Any]) -> list[str]:
+    """The names of a group's sidecarContainers (the values' containers, not the chart's)."""
+    return [str(c.get("name")) for c in group.get("sidecarContainers") or []]
 
 
 def env_profile_command(values: dict[str, Any]) -> str:
@@ -243,9 +249,6 @@ class PodTemplates(ChartContext):
         v = self.v
         h = v["head"]
         meta: dict[str, Any] = {"labels": {**self.selector_labels(f"{kind}-head"), **(h.get("labels") or {})}}
-        annotations = self.pod_annotations(h.get("annotations"))
-        if annotations:
-            meta["annotations"] = annotations
         spec: dict[str, Any] = self.pod_common()
         if h.get("restartPolicy"):
             spec["restartPolicy"] = h["restartPolicy"]
@@ -276,6 +279,8 @@ class PodTemplates(ChartContext):
         spec["containers"] = [container] + plain
         spec["volumes"] = self.volumes(shm=h["shmSize"], presets=presets, hf_token=bool(v["dataPrep"]["enabled"]),
                                        extra=h.get("extraVolumes"))
+        # checkov's findings that stay on the pod, each with its reason (the template's containers are complete here)
+        meta["annotations"] = {**self.pod_annotations(h.get("annotations")), **checkov_skips(ray_pod_skips(spec, sidecar_names(h)))}
         return {"rayStartParams": dict(h["rayStartParams"]), "template": {"metadata": meta, "spec": spec}}
 
     def worker_group(self, *, kind: str, image: str, nodes: int, gpus: int, presets: bool,
@@ -286,9 +291,6 @@ class PodTemplates(ChartContext):
         v = self.v
         w = v["worker"]
         meta: dict[str, Any] = {"labels": {**self.selector_labels(f"{kind}-worker"), **(w.get("labels") or {})}}
-        annotations = self.pod_annotations(w.get("annotations"))
-        if annotations:
-            meta["annotations"] = annotations
         spec: dict[str, Any] = self.pod_common()
         if w.get("runtimeClassName"):
             spec["runtimeClassName"] = w["runtimeClassName"]
@@ -335,5 +337,7 @@ class PodTemplates(ChartContext):
             "minReplicas": nodes,
             "maxReplicas": nodes,
             "rayStartParams": params,
-            "template": {"metadata": meta, "spec": spec},
+            "template": {"metadata": {**meta, "annotations": {**self.pod_annotations(w.get("annotations")),
+                                                              **checkov_skips(ray_pod_skips(spec, sidecar_names(w)))}},
+                         "spec": spec},
         }

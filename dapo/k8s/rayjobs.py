@@ -15,7 +15,7 @@ from dapo.k8s.context import image_ref
 from dapo.k8s.fabric import entrypoint_args
 from dapo.k8s.pods import PodTemplates
 from dapo.k8s.presets import ValuesError, preset_files, trainer_path
-from dapo.k8s.security import RESTRICTED_CONTAINER, auth_options
+from dapo.k8s.security import RESTRICTED_CONTAINER, auth_options, checkov_skips, submitter_skips
 from dapo.util.gofmt import go_quote, go_string, q
 from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, spec_sha256
 
@@ -188,10 +188,12 @@ class RayJobs(PodTemplates):
                 "name": "ray-job-submitter",
                 "image": image,
                 "imagePullPolicy": v["image"]["pullPolicy"],
-                "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
+                # the Ray CLI's submit and log follow write no file (an HTTP client; docs/deploy.md)
+                "securityContext": {**copy.deepcopy(RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},
                 "resources": copy.deepcopy(job["submitter"]["resources"]),
             }]
-            spec["submitterPodTemplate"] = {"metadata": {"labels": self.selector_labels(f"{kind}-submitter")},
+            spec["submitterPodTemplate"] = {"metadata": {"labels": self.selector_labels(f"{kind}-submitter"),
+                                                         "annotations": checkov_skips(submitter_skips(image))},
                                             "spec": pod_spec}
         cluster: dict[str, Any] = {
             "rayVersion": ray_version or v["rayVersion"],

@@ -47,28 +47,83 @@ ORIGIN_CRD = "ray.io/originated-from-crd"
 ORIGIN_NAME = "ray.io/originated-from-cr-name"
 
 
-# checkov (make test) findings on the chart's own Jobs and Pods that stay, with the reason; each object carries its
-# skips as annotations `checkov.io/skipN: <check>=<reason>` (the chart's dapo.checkovSkips is the same text).
+# checkov (make test) findings on the chart's Jobs and Pods and on the Ray pod templates that stay, with the reason;
+# each object (each Ray pod template) carries its skips as annotations `checkov.io/skipN: <check>=<reason>` (the
+# chart's dapo.checkovSkips is the same text). A key `<check>:ray` is that check's reason on a Ray pod.
 CHECKOV_REASONS = {
-    "CKV_K8S_8": "a helm test or preflight pod runs its checks to completion and serves nothing: no liveness probe",
-    "CKV_K8S_9": "a helm test or preflight pod runs its checks to completion and serves nothing: no readiness probe",
+    "CKV_K8S_8": "a hook pod (preflight, start guard, helm test) runs its checks to completion and serves nothing: no "
+                 "liveness probe",
+    "CKV_K8S_9": "a hook pod (preflight, start guard, helm test) runs its checks to completion and serves nothing: no "
+                 "readiness probe",
     "CKV_K8S_15": "image.pullPolicy IfNotPresent: a pod starts without asking the registry once its node holds the "
                   "image; pinned by digest that copy is the pushed image, pinned by tag NOTES warns that it may be "
                   "an older push under the same tag",
     "CKV_K8S_22": "torch's import and the CUDA check write caches under HOME and /tmp",
     "CKV_K8S_25": "storage.fixOwnership: the preflight runs the head's ownership step, root with only CHOWN, "
                   "DAC_OVERRIDE and FOWNER, to fail the install where it would fail the head",
-    "CKV_K8S_38": "the follower reads its RayJob's status from the API server (a Role allowing get on the "
-                  "release's RayJobs only)",
+    "CKV_K8S_38": "the follower reads the API server: get on this release's RayJobs (by name) and list on the "
+                  "namespace's pods and events (why a run waits); it changes nothing",
     "CKV_K8S_40": "the images' user is uid 1000 as in Ray's own images; runAsNonRoot is enforced",
     "CKV_K8S_43": "the image is pinned by tag only (no digest value set; NOTES warns): make images prints the --set "
                   "of its digest",
+    # the K8sJobMode submitter
+    "CKV_K8S_8:submitter": "KubeRay's K8sJobMode submitter runs ray job submit, then follows the job's logs to its end, "
+                           "and serves nothing: no liveness probe",
+    "CKV_K8S_9:submitter": "KubeRay's K8sJobMode submitter runs ray job submit, then follows the job's logs to its end, "
+                           "and serves nothing: no readiness probe",
+    # the Ray pod templates
+    "CKV_K8S_8:ray": "KubeRay v1.7.0 gives the Ray container its liveness probe when it creates the pod "
+                     "(common/pod.go initLivenessAndReadinessProbe, unless the operator sets ENABLE_PROBES_INJECTION to "
+                     "false); a sidecar of the values has the probes of its own manifest",
+    "CKV_K8S_9:ray": "KubeRay v1.7.0 gives the Ray container its readiness probe when it creates the pod "
+                     "(common/pod.go initLivenessAndReadinessProbe, unless the operator sets ENABLE_PROBES_INJECTION to "
+                     "false); a sidecar of the values has the probes of its own manifest",
+    "CKV_K8S_22:ray": "Ray writes its session directory (/tmp/ray: logs, sockets, spilled objects) and the job's "
+                      "libraries their caches under HOME in the container's file system",
+    "CKV_K8S_40:ray": "the images' user is uid 1000 as in Ray's own images, runAsNonRoot enforced; only "
+                      "storage.fixOwnership's init container, when on, runs as root to hand the volume's directories "
+                      "to it",
+    "CKV_K8S_19": "hostNetwork: true (values, for an RDMA or EFA fabric that needs the host's network): no "
+                  "NetworkPolicy applies to these pods, the chart requires token authentication with it, NOTES names "
+                  "the privileged Pod Security level",
+    "CKV_K8S_10": "a sidecar of the values (head/worker.sidecarContainers) without a CPU request: the chart runs the "
+                  "values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)",
+    "CKV_K8S_11": "a sidecar of the values (head/worker.sidecarContainers) without a CPU limit: the chart runs the "
+                  "values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)",
+    "CKV_K8S_12": "a sidecar of the values (head/worker.sidecarContainers) without a memory request: the chart runs "
+                  "the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)",
+    "CKV_K8S_13": "a sidecar of the values (head/worker.sidecarContainers) without a memory limit: the chart runs "
+                  "the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)",
+    "CKV_K8S_16": "a privileged sidecar of the values (head/worker.sidecarContainers): the chart runs the values' "
+                  "sidecars as given (a cloud's fabric daemon as its vendor's manifest has it); NOTES names the "
+                  "privileged Pod Security level",
+    "CKV_K8S_20": "a sidecar of the values (head/worker.sidecarContainers) without allowPrivilegeEscalation: false: "
+                  "the chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest "
+                  "has it)",
+    "CKV_K8S_25:ray": "capabilities the values add: ipcLock (IPC_LOCK, RDMA memory registration), storage.fixOwnership "
+                      "(CHOWN, DAC_OVERRIDE, FOWNER in its root init container) or a sidecar's own "
+                      "(head/worker.sidecarContainers); NOTES names the Pod Security level they need",
+    "CKV_K8S_28": "a sidecar of the values (head/worker.sidecarContainers) that drops neither NET_RAW nor ALL: the "
+                  "chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has "
+                  "it)",
+    "CKV_K8S_30": "a sidecar of the values (head/worker.sidecarContainers) without a securityContext: the chart runs "
+                  "the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)",
+    "CKV_K8S_35": "WANDB_API_KEY: wandb reads an API key from that variable or a netrc file (wandb 0.31, "
+                  "wandb/sdk/lib/wbauth) and the Secret holds the bare key, so the containers where the driver runs "
+                  "get the variable (the HF token is a mounted file); or a sidecar of the values that takes a secret "
+                  "as a variable",
+    "CKV_K8S_37": "a sidecar of the values (head/worker.sidecarContainers) that does not drop ALL capabilities: the "
+                  "chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has "
+                  "it)",
 }
 # (CKV_K8S_43, the image by tag, is added by tag_only where the object's image has no digest)
 FOLLOWER_SKIPS = ("CKV_K8S_15", "CKV_K8S_38", "CKV_K8S_40")
 PREFLIGHT_SKIPS = ("CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_15", "CKV_K8S_40")
 TEST_POD_SKIPS = {"shared": ("CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_15", "CKV_K8S_40"),
                   "gpu": ("CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_15", "CKV_K8S_22", "CKV_K8S_40")}
+SUBMITTER_SKIPS = ("CKV_K8S_8:submitter", "CKV_K8S_9:submitter", "CKV_K8S_15", "CKV_K8S_40")
+# every Ray pod template: KubeRay's probes, the pull policy, Ray's writable file system, uid 1000
+RAY_POD_SKIPS = ("CKV_K8S_8:ray", "CKV_K8S_9:ray", "CKV_K8S_15", "CKV_K8S_22:ray", "CKV_K8S_40:ray")
 
 
 def tag_only(image: dict[str, Any]) -> tuple[str, ...]:
@@ -76,9 +131,64 @@ def tag_only(image: dict[str, Any]) -> tuple[str, ...]:
     return () if image.get("digest") else ("CKV_K8S_43",)
 
 
+def submitter_skips(image: str) -> tuple[str, ...]:
+    """What checkov finds in the K8sJobMode submitter's pod template that stays (the chart's dapo.submitterSkips)."""
+    return SUBMITTER_SKIPS + (() if "@" in image else ("CKV_K8S_43",))
+
+
 def checkov_skips(checks: tuple[str, ...]) -> dict[str, str]:
     """The annotations that skip ``checks`` on an object, each with its reason."""
-    return {f"checkov.io/skip{i}": f"{check}={CHECKOV_REASONS[check]}" for i, check in enumerate(checks, 1)}
+    return {f"checkov.io/skip{i}": f"{check.split(':')[0]}={CHECKOV_REASONS[check]}"
+            for i, check in enumerate(checks, 1)}
+
+
+def _caps(c: dict[str, Any]) -> dict[str, Any]:
+    return (c.get("securityContext") or {}).get("capabilities") or {}
+
+
+def _res(c: dict[str, Any], section: str, key: str) -> Any:
+    return ((c.get("resources") or {}).get(section) or {}).get(key)
+
+
+def _drops(c: dict[str, Any], *names: str) -> bool:
+    return any(n in d for d in _caps(c).get("drop") or [] for n in names)
+
+
+# checkov 3.3's checks of a pod's containers and init containers that a Ray pod's containers can fail, each as checkov
+# evaluates it (checkov/kubernetes/checks/resource/k8s: CPURequests ... MinimizeCapabilities); in this order
+CONTAINER_CHECKS = {
+    "CKV_K8S_10": lambda c: not _res(c, "requests", "cpu"),
+    "CKV_K8S_11": lambda c: not _res(c, "limits", "cpu"),
+    "CKV_K8S_12": lambda c: not _res(c, "requests", "memory"),
+    "CKV_K8S_13": lambda c: not _res(c, "limits", "memory"),
+    "CKV_K8S_16": lambda c: bool((c.get("securityContext") or {}).get("privileged")),
+    "CKV_K8S_20": lambda c: (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False,
+    "CKV_K8S_25:ray": lambda c: bool(_caps(c).get("add")),
+    "CKV_K8S_28": lambda c: not _drops(c, "ALL", "all", "NET_RAW"),
+    "CKV_K8S_30": lambda c: not c.get("securityContext"),
+    "CKV_K8S_35": lambda c: any("secretKeyRef" in (e.get("valueFrom") or {}) for e in c.get("env") or [])
+    or any("secretRef" in e for e in c.get("envFrom") or []),
+    "CKV_K8S_37": lambda c: not _drops(c, "ALL", "all"),
+}
+# the checks the chart's own containers may fail, each for what the values ask: capabilities (ipcLock,
+# storage.fixOwnership) and wandb's key as a variable; any other finding on them fails the scan
+OWN_CONTAINER_CHECKS = ("CKV_K8S_25:ray", "CKV_K8S_35")
+
+
+def ray_pod_skips(spec: dict[str, Any], sidecars: list[str]) -> tuple[str, ...]:
+    """What checkov finds in a Ray pod template (exported as a Pod) that stays: :data:`RAY_POD_SKIPS`, hostNetwork,
+    each of :data:`CONTAINER_CHECKS` that one of the values' ``sidecars`` (their names) fails, each of
+    :data:`OWN_CONTAINER_CHECKS` that one of the chart's own containers fails, and the image by tag (the chart's
+    dapo.rayPodSkips)."""
+    containers = spec.get("initContainers", []) + spec.get("containers", [])
+
+    def fails(check: str, c: dict[str, Any]) -> bool:
+        return (c["name"] in sidecars or check in OWN_CONTAINER_CHECKS) and CONTAINER_CHECKS[check](c)
+
+    found = tuple(check for check in CONTAINER_CHECKS if any(fails(check, c) for c in containers))
+    host = ("CKV_K8S_19",) if spec.get("hostNetwork") else ()
+    by_tag = () if "@" in spec["containers"][0]["image"] else ("CKV_K8S_43",)
+    return RAY_POD_SKIPS + host + found + by_tag
 
 
 def auth_options(values: dict[str, Any]) -> dict[str, Any] | None:

@@ -404,8 +404,9 @@ securityContext:
 {{- end -}}
 
 {{/*
-Annotations of a Ray pod: the do-not-disrupt pair (disruption.doNotDisrupt), then the group's own (they win).
-Usage: include "dapo.podAnnotations" (dict "root" $ "own" $v.head.annotations); empty when there are none.
+Annotations of a Ray pod: the do-not-disrupt pair (disruption.doNotDisrupt), then the group's own (they win), then
+checkov's skips with their reasons (dapo.rayPodSkips of the pod's spec).
+Usage: include "dapo.podAnnotations" (dict "root" $ "own" $v.head.annotations "skips" $list); empty when there are none.
 */}}
 {{- define "dapo.podAnnotations" -}}
 {{- $a := dict -}}
@@ -414,6 +415,9 @@ Usage: include "dapo.podAnnotations" (dict "root" $ "own" $v.head.annotations); 
 {{- $_ := set $a "cluster-autoscaler.kubernetes.io/safe-to-evict" "false" -}}
 {{- end -}}
 {{- range $k, $val := (.own | default dict) -}}{{- $_ := set $a $k $val -}}{{- end -}}
+{{- with .skips -}}
+{{- range $k, $val := (include "dapo.checkovSkips" . | fromYaml) -}}{{- $_ := set $a $k $val -}}{{- end -}}
+{{- end -}}
 {{- with $a -}}{{- toYaml . -}}{{- end -}}
 {{- end -}}
 
@@ -705,6 +709,8 @@ spec:
     metadata:
       labels:
         {{- include "dapo.selectorLabels" (dict "root" $root "component" (printf "%s-submitter" .kind)) | nindent 8 }}
+      annotations:
+        {{- include "dapo.checkovSkips" (include "dapo.submitterSkips" .image | fromJsonArray) | nindent 8 }}
     spec:
       restartPolicy: Never
       # KubeRay's submitter script only talks to the head's dashboard: no API token
@@ -736,8 +742,10 @@ spec:
         - name: ray-job-submitter
           image: {{ .image }}
           imagePullPolicy: {{ $v.image.pullPolicy }}
+          # the Ray CLI's submit and log follow write no file (an HTTP client; docs/deploy.md)
           securityContext:
             {{- include "dapo.restrictedContainer" . | nindent 12 }}
+            readOnlyRootFilesystem: true
           resources:
             {{- toYaml $job.submitter.resources | nindent 12 }}
   {{- end }}
@@ -762,7 +770,7 @@ spec:
             {{- with $v.head.labels }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
-          {{- with (include "dapo.podAnnotations" (dict "root" $root "own" $v.head.annotations)) }}
+          {{- with (include "dapo.podAnnotations" (dict "root" $root "own" $v.head.annotations "skips" .skips.head)) }}
           annotations:
             {{- . | nindent 12 }}
           {{- end }}
@@ -847,7 +855,7 @@ spec:
               {{- with $v.worker.labels }}
               {{- toYaml . | nindent 14 }}
               {{- end }}
-            {{- with (include "dapo.podAnnotations" (dict "root" $root "own" $v.worker.annotations)) }}
+            {{- with (include "dapo.podAnnotations" (dict "root" $root "own" $v.worker.annotations "skips" .skips.worker)) }}
             annotations:
               {{- . | nindent 14 }}
             {{- end }}
@@ -920,6 +928,17 @@ keys sorted, no spaces) and, for training, of the preset files it reads, so that
 would change what the next retry runs. Same arguments as dapo.rayJob.
 */}}
 {{- define "dapo.rayJobWithHash" -}}
+{{- /* checkov's skips of each pod template, from the templates rendered without them (they read only the spec) */ -}}
+{{- $bare := include "dapo.rayJob" (merge (dict "specHash" "" "skips" dict) .) | fromYaml -}}
+{{- $cluster := $bare.spec.rayClusterSpec -}}
+{{- $v := .root.Values -}}
+{{- $head := dict "spec" $cluster.headGroupSpec.template.spec "sidecars" $v.head.sidecarContainers -}}
+{{- $skips := dict "head" (include "dapo.rayPodSkips" $head | fromJsonArray) -}}
+{{- range $cluster.workerGroupSpecs | default list -}}
+{{- $worker := dict "spec" .template.spec "sidecars" $v.worker.sidecarContainers -}}
+{{- $_ := set $skips "worker" (include "dapo.rayPodSkips" $worker | fromJsonArray) -}}
+{{- end -}}
+{{- $_ := set . "skips" $skips -}}
 {{- $obj := include "dapo.rayJob" (merge (dict "specHash" "") .) | fromYaml -}}
 {{- $content := dict "spec" $obj.spec -}}
 {{- if .presets -}}

@@ -131,16 +131,86 @@ Usage: include "dapo.tagOnly" (dict "digest" $d ...)
 
 {{- define "dapo.checkovSkips" -}}
 {{- $reasons := dict
-  "CKV_K8S_8" "a helm test or preflight pod runs its checks to completion and serves nothing: no liveness probe"
-  "CKV_K8S_9" "a helm test or preflight pod runs its checks to completion and serves nothing: no readiness probe"
+  "CKV_K8S_8" "a hook pod (preflight, start guard, helm test) runs its checks to completion and serves nothing: no liveness probe"
+  "CKV_K8S_9" "a hook pod (preflight, start guard, helm test) runs its checks to completion and serves nothing: no readiness probe"
   "CKV_K8S_15" "image.pullPolicy IfNotPresent: a pod starts without asking the registry once its node holds the image; pinned by digest that copy is the pushed image, pinned by tag NOTES warns that it may be an older push under the same tag"
   "CKV_K8S_22" "torch's import and the CUDA check write caches under HOME and /tmp"
   "CKV_K8S_25" "storage.fixOwnership: the preflight runs the head's ownership step, root with only CHOWN, DAC_OVERRIDE and FOWNER, to fail the install where it would fail the head"
-  "CKV_K8S_38" "the follower reads its RayJob's status from the API server (a Role allowing get on the release's RayJobs only)"
+  "CKV_K8S_38" "the follower reads the API server: get on this release's RayJobs (by name) and list on the namespace's pods and events (why a run waits); it changes nothing"
   "CKV_K8S_40" "the images' user is uid 1000 as in Ray's own images; runAsNonRoot is enforced"
   "CKV_K8S_43" "the image is pinned by tag only (no digest value set; NOTES warns): make images prints the --set of its digest"
+  "CKV_K8S_8:submitter" "KubeRay's K8sJobMode submitter runs ray job submit, then follows the job's logs to its end, and serves nothing: no liveness probe"
+  "CKV_K8S_9:submitter" "KubeRay's K8sJobMode submitter runs ray job submit, then follows the job's logs to its end, and serves nothing: no readiness probe"
+  "CKV_K8S_8:ray" "KubeRay v1.7.0 gives the Ray container its liveness probe when it creates the pod (common/pod.go initLivenessAndReadinessProbe, unless the operator sets ENABLE_PROBES_INJECTION to false); a sidecar of the values has the probes of its own manifest"
+  "CKV_K8S_9:ray" "KubeRay v1.7.0 gives the Ray container its readiness probe when it creates the pod (common/pod.go initLivenessAndReadinessProbe, unless the operator sets ENABLE_PROBES_INJECTION to false); a sidecar of the values has the probes of its own manifest"
+  "CKV_K8S_22:ray" "Ray writes its session directory (/tmp/ray: logs, sockets, spilled objects) and the job's libraries their caches under HOME in the container's file system"
+  "CKV_K8S_40:ray" "the images' user is uid 1000 as in Ray's own images, runAsNonRoot enforced; only storage.fixOwnership's init container, when on, runs as root to hand the volume's directories to it"
+  "CKV_K8S_19" "hostNetwork: true (values, for an RDMA or EFA fabric that needs the host's network): no NetworkPolicy applies to these pods, the chart requires token authentication with it, NOTES names the privileged Pod Security level"
+  "CKV_K8S_10" "a sidecar of the values (head/worker.sidecarContainers) without a CPU request: the chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)"
+  "CKV_K8S_11" "a sidecar of the values (head/worker.sidecarContainers) without a CPU limit: the chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)"
+  "CKV_K8S_12" "a sidecar of the values (head/worker.sidecarContainers) without a memory request: the chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)"
+  "CKV_K8S_13" "a sidecar of the values (head/worker.sidecarContainers) without a memory limit: the chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)"
+  "CKV_K8S_16" "a privileged sidecar of the values (head/worker.sidecarContainers): the chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it); NOTES names the privileged Pod Security level"
+  "CKV_K8S_20" "a sidecar of the values (head/worker.sidecarContainers) without allowPrivilegeEscalation: false: the chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)"
+  "CKV_K8S_25:ray" "capabilities the values add: ipcLock (IPC_LOCK, RDMA memory registration), storage.fixOwnership (CHOWN, DAC_OVERRIDE, FOWNER in its root init container) or a sidecar's own (head/worker.sidecarContainers); NOTES names the Pod Security level they need"
+  "CKV_K8S_28" "a sidecar of the values (head/worker.sidecarContainers) that drops neither NET_RAW nor ALL: the chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)"
+  "CKV_K8S_30" "a sidecar of the values (head/worker.sidecarContainers) without a securityContext: the chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)"
+  "CKV_K8S_35" "WANDB_API_KEY: wandb reads an API key from that variable or a netrc file (wandb 0.31, wandb/sdk/lib/wbauth) and the Secret holds the bare key, so the containers where the driver runs get the variable (the HF token is a mounted file); or a sidecar of the values that takes a secret as a variable"
+  "CKV_K8S_37" "a sidecar of the values (head/worker.sidecarContainers) that does not drop ALL capabilities: the chart runs the values' sidecars as given (a cloud's fabric daemon as its vendor's manifest has it)"
 -}}
 {{- range $i, $check := . }}
-checkov.io/skip{{ add1 $i }}: {{ printf "%s=%s" $check (index $reasons $check) | quote }}
+checkov.io/skip{{ add1 $i }}: {{ printf "%s=%s" (first (splitList ":" $check)) (index $reasons $check) | quote }}
 {{- end }}
+{{- end -}}
+
+{{/*
+What checkov finds in the K8sJobMode submitter's pod template that stays (JSON list; dapo.k8s.security.submitter_skips).
+Usage: include "dapo.submitterSkips" $image
+*/}}
+{{- define "dapo.submitterSkips" -}}
+{{- $out := list "CKV_K8S_8:submitter" "CKV_K8S_9:submitter" "CKV_K8S_15" "CKV_K8S_40" -}}
+{{- if not (contains "@" .) }}{{ $out = append $out "CKV_K8S_43" }}{{ end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/*
+What checkov finds in a Ray pod template (exported as a Pod) that stays (JSON list): KubeRay's probes, the pull policy,
+Ray's writable file system, uid 1000; hostNetwork; each container check, as checkov 3.3 evaluates it, that one of the
+values' sidecars fails, and of the chart's own containers only the capabilities the values add and wandb's key as a
+variable; the image by tag. dapo.k8s.security.ray_pod_skips is the twin.
+Usage: include "dapo.rayPodSkips" (dict "spec" $spec "sidecars" $group.sidecarContainers)
+*/}}
+{{- define "dapo.rayPodSkips" -}}
+{{- $spec := .spec -}}
+{{- $sidecars := list -}}
+{{- range .sidecars | default list }}{{ $sidecars = append $sidecars (toString .name) }}{{ end -}}
+{{- $out := list "CKV_K8S_8:ray" "CKV_K8S_9:ray" "CKV_K8S_15" "CKV_K8S_22:ray" "CKV_K8S_40:ray" -}}
+{{- if $spec.hostNetwork }}{{ $out = append $out "CKV_K8S_19" }}{{ end -}}
+{{- $found := dict -}}
+{{- range $c := concat ($spec.initContainers | default list) ($spec.containers | default list) -}}
+{{- $mine := has (toString $c.name) $sidecars -}}
+{{- $sc := $c.securityContext | default dict -}}
+{{- $caps := $sc.capabilities | default dict -}}
+{{- $res := $c.resources | default dict -}}
+{{- $req := $res.requests | default dict -}}
+{{- $lim := $res.limits | default dict -}}
+{{- $drops := join " " ($caps.drop | default list) -}}
+{{- if and $mine (not $req.cpu) }}{{ $_ := set $found "CKV_K8S_10" true }}{{ end -}}
+{{- if and $mine (not $lim.cpu) }}{{ $_ := set $found "CKV_K8S_11" true }}{{ end -}}
+{{- if and $mine (not $req.memory) }}{{ $_ := set $found "CKV_K8S_12" true }}{{ end -}}
+{{- if and $mine (not $lim.memory) }}{{ $_ := set $found "CKV_K8S_13" true }}{{ end -}}
+{{- if and $mine $sc.privileged }}{{ $_ := set $found "CKV_K8S_16" true }}{{ end -}}
+{{- if and $mine (not (and (kindIs "bool" $sc.allowPrivilegeEscalation) (not $sc.allowPrivilegeEscalation))) }}{{ $_ := set $found "CKV_K8S_20" true }}{{ end -}}
+{{- if $caps.add }}{{ $_ := set $found "CKV_K8S_25:ray" true }}{{ end -}}
+{{- if and $mine (not (or (contains "ALL" $drops) (contains "all" $drops) (contains "NET_RAW" $drops))) }}{{ $_ := set $found "CKV_K8S_28" true }}{{ end -}}
+{{- if and $mine (not $c.securityContext) }}{{ $_ := set $found "CKV_K8S_30" true }}{{ end -}}
+{{- range $e := $c.env | default list }}{{ if hasKey ($e.valueFrom | default dict) "secretKeyRef" }}{{ $_ := set $found "CKV_K8S_35" true }}{{ end }}{{ end -}}
+{{- range $e := $c.envFrom | default list }}{{ if hasKey $e "secretRef" }}{{ $_ := set $found "CKV_K8S_35" true }}{{ end }}{{ end -}}
+{{- if and $mine (not (or (contains "ALL" $drops) (contains "all" $drops))) }}{{ $_ := set $found "CKV_K8S_37" true }}{{ end -}}
+{{- end -}}
+{{- range $k := list "CKV_K8S_10" "CKV_K8S_11" "CKV_K8S_12" "CKV_K8S_13" "CKV_K8S_16" "CKV_K8S_20" "CKV_K8S_25:ray" "CKV_K8S_28" "CKV_K8S_30" "CKV_K8S_35" "CKV_K8S_37" -}}
+{{- if hasKey $found $k }}{{ $out = append $out $k }}{{ end -}}
+{{- end -}}
+{{- if not (contains "@" (first $spec.containers).image) }}{{ $out = append $out "CKV_K8S_43" }}{{ end -}}
+{{- toJson $out -}}
 {{- end -}}
