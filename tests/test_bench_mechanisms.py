@@ -6,6 +6,7 @@ end, writes its report and figures, and reuses its cached runs (the wiring, not 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -156,3 +157,23 @@ def test_one_command_probes_runs_a_two_step_rung_pair_writes_the_report_and_reus
     assert cmd_mechanisms(argv) == 0  # cached: no run is redone, the probe is not repeated
     assert [p.stat().st_mtime_ns for p in done] == stamps
     assert "s wall" not in "".join(line for line in capsys.readouterr().out.splitlines() if "seed" in line)
+
+
+def test_a_seed_group_short_of_its_seeds_gets_its_effect_but_no_verdict():
+    """The verdict rule was fixed for the pre-registered seed count: with 2 of 3 seeds paired, an effect of d = +5
+    is reported with "2 of 3 seeds, no verdict", never "yes"; the unpaired with-run (seed 3) is left out of d."""
+    from dapo.bench.mech_report import _effects
+
+    spec = MECHANISMS["clip-higher"]
+
+    def run(v: float) -> dict:
+        return {"curve": [(0, 0.1, 0.0), (2, v, 10.0), (4, v, 20.0)]}
+
+    spec = {**spec, "outcome": ("val", +1)}
+    results = {("tiny-clip", "DAPO"): {1: run(1.0), 2: run(1.2), 3: run(9.0)},
+               ("tiny-clip", spec["without"]): {1: run(0.0), 2: run(0.2)}}
+    e = _effects("clip-higher", spec, results, {"pre-registered": [1, 2, 3]})["pre-registered"]
+    assert e["seeds"] == [1, 2] and e["with"] == [1.0, 1.2] and e["d"] == pytest.approx(1.0 / math.sqrt(0.02))
+    assert e["verdict"] == "2 of 3 seeds, no verdict"
+    results[("tiny-clip", "DAPO")][3], results[("tiny-clip", spec["without"])][3] = run(1.4), run(0.4)
+    assert _effects("clip-higher", spec, results, {"pre-registered": [1, 2, 3]})["pre-registered"]["verdict"] == "yes"

@@ -53,9 +53,11 @@ def test_trl_reward_is_the_dapo_reward_with_eos_counted():
     assert got[0] == 1.0 and got[1] < -1.0 and -1.0 < got[2] < 1.0
 
 
-def _round(step_s, gen_s, old_s, tokens):
+def _round(step_s, gen_s, old_s, tokens, cpu_s=None):
     steps = [{"step": i + 1, "step_s": step_s + (5.0 if i == 0 else 0.0), "gen_s": gen_s, "old_log_prob_s": old_s,
               "update_s": step_s - gen_s - old_s} for i in range(4)]  # fmt: skip
+    for st in steps if cpu_s is not None else []:
+        st["cpu_s"] = cpu_s + (3.0 if st["step"] == 1 else 0.0)
     return {"steps": steps, "gen_tokens": tokens, "gen_seconds": 4 * gen_s,
             "curve": [(0, 0.6, 0.0), (4, 0.9, 512.0)]}  # fmt: skip
 
@@ -65,7 +67,12 @@ def test_peer_table_leaves_out_the_warm_up_step_and_divides_by_trl():
            PEER_SYSTEMS[1]: [_round(1.8, 0.9, 0.1, 800), _round(1.8, 0.9, 0.1, 800)]}  # fmt: skip
     rows = peer_table(res).splitlines()
     assert rows[2].startswith(f"| {PEER_SYSTEMS[0]} | 0.600 ± 0.100 | 0.200 | 0.050 | 0.350 | 1000 | 3.00x |")
-    assert rows[3].endswith("| - |")
+    assert rows[2].endswith("| - | - |") and rows[3].endswith("| - | - | - |")  # no CPU seconds recorded
+    # with the steps' CPU seconds: their mean over rounds (warm-up step left out) and TRL's divided by it
+    res = {PEER_SYSTEMS[0]: [_round(0.5, 0.2, 0.05, 800, 0.4), _round(0.7, 0.2, 0.05, 800, 0.6)],
+           PEER_SYSTEMS[1]: [_round(1.8, 0.9, 0.1, 800, 1.5), _round(1.8, 0.9, 0.1, 800, 1.5)]}  # fmt: skip
+    rows = peer_table(res).splitlines()
+    assert rows[2].endswith("| 3.00x | 0.500 ± 0.100 | 3.00x |") and rows[3].endswith("| - | 1.500 ± 0.000 | - |")
     assert "0.900 @ 512 resp." in peer_curve_table(res)
 
 
@@ -84,7 +91,7 @@ def test_ours_side_of_the_harness_times_phases_and_validates(tmp_path):
     res = json.loads((tmp_path / "peers.json").read_text())[PEER_SYSTEMS[0]][0]
     assert [s["step"] for s in res["steps"]] == [1, 2]
     for s in res["steps"]:
-        assert s["gen_s"] > 0 and s["update_s"] > 0 and s["responses"] == 16
+        assert s["gen_s"] > 0 and s["update_s"] > 0 and s["responses"] == 16 and 0 < s["cpu_s"]
     assert [c[0] for c in res["curve"]] == [0, 2] and res["gen_tokens"] > 0
     assert "| ours, dynamic sampling off |" in (tmp_path / "peers.md").read_text()
 
@@ -96,7 +103,7 @@ def test_trl_and_ours_run_side_by_side(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     res = json.loads((tmp_path / "peers.json").read_text())
     trl = res[PEER_SYSTEMS[1]][0]
-    assert [s["step"] for s in trl["steps"]] == [1, 2] and all(s["gen_s"] > 0 for s in trl["steps"])
+    assert [s["step"] for s in trl["steps"]] == [1, 2] and all(s["gen_s"] > 0 < s["cpu_s"] for s in trl["steps"])
     assert trl["trl_version"] == "1.16.0"
     assert [c[0] for c in trl["curve"]] == [0, 2] and trl["curve"][1][1] is not None
     assert "x |" in (tmp_path / "peers.md").read_text()

@@ -63,3 +63,14 @@ def test_headline_reports_each_seed_group_apart_and_counts_a_miss_as_past_the_ru
     n7 = held["naive GRPO"]["steps"][0]
     assert held["ratio"] == pytest.approx(25 / n7)  # the miss counts as step 25, a lower bound
     assert hl["groups"]["all"]["seeds"] == [1, 2, 7] and pre["verdict"] == "meets <= 0.5x"
+
+
+def test_a_seed_group_short_of_its_seeds_gets_its_ratio_but_no_verdict():
+    """DAPO reaching the target at step 1 against naive GRPO's ~12 would "meet <= 0.5x"; with naive GRPO's seed 3
+    unfinished the pre-registered group reports its ratio over seeds 1, 2 and "2 of 3 seeds, no verdict"."""
+    naive = {s: _curve([0.1] + [0.1 + 0.02 * k for k in range(1, 25)]) for s in (1, 2)}
+    dapo = {s: _curve([0.1] + [0.5] * 24) for s in (1, 2, 3)}
+    hl = headline(dapo, naive, n_problems=128, total_steps=24, groups={"pre": [1, 2, 3]})
+    g = hl["groups"]["pre"]
+    assert g["seeds"] == [1, 2] and g["ratio"] < 0.5 and g["hi"] < 0.5
+    assert g["verdict"] == "2 of 3 seeds, no verdict"

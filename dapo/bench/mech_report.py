@@ -10,7 +10,8 @@ Rules, fixed before the runs:
 - effect size d = (mean with - mean without) / sqrt((sd_with^2 + sd_without^2) / 2) over the seeds (sd with ddof 1);
   the effect "matches the paper" ("yes") when its sign is the paper's and |d| >= 2, is "same direction, within
   noise" when the sign is right and |d| < 2, and "opposite" otherwise -- computed for the pre-registered seeds (the
-  verdict) and, apart, for the held-out seeds (its replication);
+  verdict) and, apart, for the held-out seeds (its replication), over the seeds whose with and without runs both
+  finished; a group with fewer than all its seeds gets its d and "n of N seeds, no verdict", never a verdict;
 - a precondition holds when every statistic of :data:`dapo.bench.precondition.THRESHOLDS` reaches its level on the
   warm-started policy; a verdict on a task whose precondition fails is reported as such.
 
@@ -175,8 +176,9 @@ def _mean_sd(vals: list[float], spec: str = ".3f") -> str:
     v = [x for x in vals if x is not None]
     if not v:
         return "-"
-    sd = np.std(v, ddof=1) if len(v) > 1 else 0.0
-    return f"{format(float(np.mean(v)), spec)} ± {format(float(sd), spec)}"
+    if len(v) == 1:  # one seed has no spread: its value alone, not "± 0"
+        return f"{format(float(v[0]), spec)} (1 seed)"
+    return f"{format(float(np.mean(v)), spec)} ± {format(float(np.std(v, ddof=1)), spec)}"
 
 
 
@@ -190,22 +192,34 @@ def precondition_cell(mech: str, pre: Optional[dict]) -> str:
     return f"{'holds' if v['holds'] else 'FAILS'}: {checks}"
 
 
+def seed_count_verdict(n: int, planned: int) -> Optional[str]:
+    """``None`` when all ``planned`` seeds of a group finished both runs, else the verdict that stands in for the
+    rule's: "n of N seeds, no verdict" (the rule was fixed for N seeds; fewer decide nothing)."""
+    return None if n >= planned else f"{n} of {planned} seeds, no verdict"
+
+
 def _effects(mech: str, spec: dict, results: dict, groups: dict[str, list[int]]) -> dict:
+    """Per seed group: the effect over the seeds whose with *and* without runs finished (paired), its verdict only
+    when that is every seed of the group."""
     key, sign = spec["outcome"]
     w_runs, wo_runs = results.get((spec["preset"], "DAPO"), {}), results.get((spec["preset"], spec["without"]), {})
     out = {}
     for gname, seeds in groups.items():
-        w = [second_half(w_runs[s], key) for s in seeds if s in w_runs]
-        wo = [second_half(wo_runs[s], key) for s in seeds if s in wo_runs]
-        if w and wo:
-            out[gname] = effect(w, wo, sign)
+        paired = [s for s in seeds if s in w_runs and s in wo_runs]
+        if not paired:
+            continue
+        e = effect([second_half(w_runs[s], key) for s in paired], [second_half(wo_runs[s], key) for s in paired], sign)
+        e["seeds"] = paired
+        e["verdict"] = seed_count_verdict(len(paired), len(seeds)) or e["verdict"]
+        out[gname] = e
     return out
 
 
 def _fmt_effect(e: Optional[dict]) -> list[str]:
     if e is None:
         return ["-", "-", "-", "not run"]
-    return [_mean_sd(e["with"]), _mean_sd(e["without"]), f"{e['d']:+.1f}", e["verdict"]]
+    d = "-" if math.isnan(e["d"]) else f"{e['d']:+.1f}"
+    return [_mean_sd(e["with"]), _mean_sd(e["without"]), d, f"{e['verdict']} (seeds {', '.join(map(str, e['seeds']))})"]
 
 
 def _headline_text(hl: dict) -> str:

@@ -1,6 +1,7 @@
 """``dapo bench peers``: TRL's GRPOTrainer side by side with ``dapo train`` (dynamic sampling off, on, and with
 carry) on the tiny task, in interleaved rounds from the same warm start; prints seconds per rollout step split by
-phase, generated tokens per second, and validation accuracy against generated responses (``peers.{md,json}``).
+phase -- wall clock and the process's CPU seconds, which load from other processes inflates far less --, generated
+tokens per second, and validation accuracy against generated responses (``peers.{md,json}``).
 The TRL runs go through ``python -m dapo.bench.peers_trl`` in TRL's own environment (``make setup-trl``).
 
 Imports :mod:`dapo.bench.runs`; :mod:`dapo.config`, the local backend, :mod:`dapo.tiny.assets` and
@@ -27,8 +28,9 @@ PEER_SYSTEMS = ("ours, dynamic sampling off", "TRL GRPOTrainer", "ours, dynamic 
 _DS_OFF = ["recipe.filter_groups.enable=false", "recipe.data.gen_batch_size=null"]
 
 
-def _ours_steps(run_dir: Path) -> list[dict[str, float]]:
-    """Per rollout step of a ``dapo train`` run: seconds per phase, generated responses (from metrics.jsonl)."""
+def _ours_steps(run_dir: Path, step_cpu: Optional[list[float]] = None) -> list[dict[str, float]]:
+    """Per rollout step of a ``dapo train`` run: seconds per phase, generated responses (from metrics.jsonl), and
+    the step's CPU seconds (``step_cpu[step - 1]``, from :func:`dapo.bench.runs.run_one`) when given."""
     from dapo.train.metrics import read_jsonl
 
     out = []
@@ -38,6 +40,8 @@ def _ours_steps(run_dir: Path) -> list[dict[str, float]]:
         gen, old, upd = r.get("timing_s/gen", 0.0), r.get("timing_s/old_log_prob", 0.0), r["timing_s/step"]
         out.append({"step": int(r["step"]), "step_s": upd, "gen_s": gen, "old_log_prob_s": old,
                     "update_s": upd - gen - old, "responses": r.get("train/num_gen_samples", 0.0)})  # fmt: skip
+        if step_cpu and int(r["step"]) <= len(step_cpu):
+            out[-1]["cpu_s"] = step_cpu[int(r["step"]) - 1]
     return out
 
 
@@ -49,24 +53,24 @@ def peer_table(results: dict[str, list[dict]], skip_first: int = 1) -> str:
     import numpy as np
 
     head = ["system", "s / rollout step (mean ± sd over rounds)", "generation", "old log-probs", "update and rest",
-            "generated tokens / s", "TRL s / step ÷ this"]
+            "generated tokens / s", "TRL s / step ÷ this", "CPU s / rollout step", "TRL CPU s ÷ this"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    per_round: dict[str, list[float]] = {}
-    parts: dict[str, dict[str, float]] = {}
+
+    def per_round(rounds: list[dict], key: str) -> list[float]:
+        vals = [[s[key] for s in r["steps"][skip_first:] if key in s] for r in rounds]
+        return [float(np.mean(v)) for v in vals if v]
+
+    trl = {k: per_round(results.get(PEER_SYSTEMS[1], []), k) for k in ("step_s", "cpu_s")}
     for name, rounds in results.items():
-        per_round[name] = [float(np.mean([s["step_s"] for s in r["steps"][skip_first:]])) for r in rounds]
-        parts[name] = {k: float(np.mean([np.mean([s[k] for s in r["steps"][skip_first:]]) for r in rounds]))
-                       for k in ("gen_s", "old_log_prob_s", "update_s")}  # fmt: skip
-    trl = per_round.get(PEER_SYSTEMS[1])
-    for name, rounds in results.items():
-        v = per_round[name]
+        v, cpu = per_round(rounds, "step_s"), per_round(rounds, "cpu_s")
+        p = {k: float(np.mean(per_round(rounds, k))) for k in ("gen_s", "old_log_prob_s", "update_s")}
         tps = [r["gen_tokens"] / r["gen_seconds"] for r in rounds if r.get("gen_seconds")]
-        ratio = "-" if not trl or name == PEER_SYSTEMS[1] else f"{np.mean(trl) / np.mean(v):.2f}x"
-        p = parts[name]
+        mine = name == PEER_SYSTEMS[1]
+        ratio = "-" if not trl["step_s"] or mine else f"{np.mean(trl['step_s']) / np.mean(v):.2f}x"
+        cpu_ratio = "-" if not trl["cpu_s"] or not cpu or mine else f"{np.mean(trl['cpu_s']) / np.mean(cpu):.2f}x"
         lines.append(f"| {name} | {np.mean(v):.3f} ± {np.std(v):.3f} | {p['gen_s']:.3f} | {p['old_log_prob_s']:.3f} | "
-                     f"{p['update_s']:.3f} | {np.mean(tps):.0f} | {ratio} |" if tps else
-                     f"| {name} | {np.mean(v):.3f} ± {np.std(v):.3f} | {p['gen_s']:.3f} | {p['old_log_prob_s']:.3f} | "
-                     f"{p['update_s']:.3f} | - | {ratio} |")  # fmt: skip
+                     f"{p['update_s']:.3f} | {f'{np.mean(tps):.0f}' if tps else '-'} | {ratio} | "
+                     f"{f'{np.mean(cpu):.3f} ± {np.std(cpu):.3f}' if cpu else '-'} | {cpu_ratio} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -156,8 +160,8 @@ def cmd_peers(argv: list[str]) -> int:
                 summ = run_one(args.preset, common + args.overrides + extra, run_dir, assets_dir,
                                threads=args.threads)  # fmt: skip
                 c = summ["counters"]
-                res_round = {"steps": _ours_steps(run_dir), "curve": summ["curve"], "gen_tokens": c["gen_tokens"],
-                             "gen_seconds": c["gen_seconds"]}  # fmt: skip
+                res_round = {"steps": _ours_steps(run_dir, summ.get("step_cpu_seconds")), "curve": summ["curve"],
+                             "gen_tokens": c["gen_tokens"], "gen_seconds": c["gen_seconds"]}  # fmt: skip
             res_round["wall_seconds"] = time.time() - t0
             results[name].append(res_round)
             print(f"[{time.time() - t_start:.0f}s] round {rnd + 1}/{args.rounds} {name}: "

@@ -10,8 +10,8 @@ next to the mapping; the rest matches (model, tokenizer, prompts, prompts x n pe
 learning rate and schedule, optimizer, grad clip, mini-batches per rollout step). The reward is
 :func:`dapo.reward.score_responses` -- the same verifier and soft overlong punishment -- on TRL's completions.
 
-Writes ``<out>/trl_result.json``: per rollout step (one TRL generation = ``steps_per_generation`` optimizer steps) the
-seconds spent in generation, in the old-log-prob forward and in the rest of the step (the update), generated tokens;
+Writes ``<out>/trl_result.json``: per rollout step (one TRL generation = ``steps_per_generation`` optimizer steps) its
+wall and CPU seconds, the seconds spent in generation, in the old-log-prob forward and in the rest of the step (the update), generated tokens;
 and the policy saved as a HF directory at every ``test_freq`` steps (``<out>/ckpt-<step>``) so the caller validates it
 with the same code as ``dapo train``.
 """
@@ -216,17 +216,17 @@ def _clock(trainer: Any, tok: Any, cfg: dict[str, Any], out: Path, timing: dict[
 
         def on_step_begin(self, args_, state, control, **kw):
             if state.global_step % per_gen == 0:
-                self.t0 = time.perf_counter()
+                self.t0, self.c0 = time.perf_counter(), time.process_time()
                 self.mark = dict(timing)
 
         def on_step_end(self, args_, state, control, **kw):
             if state.global_step % per_gen:
                 return
             step = state.global_step // per_gen
-            total = time.perf_counter() - self.t0
+            total, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
             gen = timing["gen"] - self.mark["gen"]
             old = timing["old_log_prob"] - self.mark["old_log_prob"]
-            steps.append({"step": step, "step_s": total, "gen_s": gen, "old_log_prob_s": old,
+            steps.append({"step": step, "step_s": total, "cpu_s": cpu, "gen_s": gen, "old_log_prob_s": old,
                           "update_s": total - gen - old, "gen_tokens": timing["gen_tokens"] - self.mark["gen_tokens"],
                           "responses": n_resp})  # fmt: skip
             if test_freq > 0 and (step % test_freq == 0 or step == int(cfg["steps"])):

@@ -55,7 +55,9 @@ def _slug(name: str) -> str:
 def run_one(
     preset_name: str, overrides: list[str], run_dir: Path, assets_dir: Path, *, log=None, threads: Optional[int] = None
 ) -> dict[str, Any]:
-    """Train one configuration with the local backend in this process; returns its summary (+ the val curve)."""
+    """Train one configuration with the local backend in this process; returns its summary (+ the val curve, and
+    ``step_cpu_seconds``: the CPU seconds of each rollout step, which a loaded machine inflates far less than the
+    wall clock)."""
     import torch
 
     from dapo.backends.local.run import build
@@ -71,10 +73,21 @@ def run_one(
     quiet = log or (lambda s: None)
     backend, train_rows, val_rows, _ = build(preset, run_dir, assets_dir=assets_dir, log=quiet)
     loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=False, log=quiet)
+    step_cpu: list[float] = []
+    train_step = loop.train_step
+
+    def cpu_timed_step(step: int) -> dict:  # the process's CPU seconds of each rollout step (validation excluded)
+        c = time.process_time()
+        metrics = train_step(step)
+        step_cpu.append(time.process_time() - c)
+        return metrics
+
+    loop.train_step = cpu_timed_step
     t0, c0 = time.time(), time.process_time()
     rc = loop.fit()
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    summary.update(exit_code=rc, wall_seconds=time.time() - t0, cpu_seconds=time.process_time() - c0)
+    summary.update(exit_code=rc, wall_seconds=time.time() - t0, cpu_seconds=time.process_time() - c0,
+                   step_cpu_seconds=step_cpu)
     summary["counters"] = dict(getattr(backend, "counters", {}))
     from dapo.train.metrics import read_jsonl, val_accuracy
 

@@ -17,7 +17,8 @@ The rule, fixed before the runs (the constants below):
 - the ratio ``R = mean(steps, DAPO) / mean(steps, naive GRPO)``; its 95 % interval: percentile bootstrap over seeds
   (each rung's seeds resampled with replacement, :data:`N_BOOT` draws, numpy seed 0).
 - verdict against the paper's <= 0.5x: ``meets`` when the interval's upper end is <= 0.5; ``meets at the point
-  estimate only`` when R <= 0.5 < upper end; otherwise ``misses by R - 0.5``.
+  estimate only`` when R <= 0.5 < upper end; otherwise ``misses by R - 0.5`` -- given only when every seed of the
+  group finished both runs; otherwise the ratio and its interval are reported as "n of N seeds, no verdict".
 
 Imports numpy only.
 """
@@ -125,7 +126,8 @@ def headline(dapo: dict[int, Curve], naive: dict[int, Curve], n_problems: int, t
         d = [total_steps + 1 if st is None else st for st in g["DAPO"]["steps"]]
         n = [total_steps + 1 if st is None else st for st in g["naive GRPO"]["steps"]]
         g["ratio"], g["lo"], g["hi"] = ratio_interval(d, n)
-        g["verdict"] = ratio_verdict(g["ratio"], g["hi"])
+        g["verdict"] = (ratio_verdict(g["ratio"], g["hi"]) if len(g["seeds"]) >= len(seeds) else
+                        f"{len(g['seeds'])} of {len(seeds)} seeds, no verdict")  # fmt: skip
         xd = [x for x in g["DAPO"]["samples"] if x is not None]
         xn = [x for x in g["naive GRPO"]["samples"] if x]
         g["ratio_samples"] = float(np.mean(xd) / np.mean(xn)) if xd and xn else None  # over the seeds that reach it

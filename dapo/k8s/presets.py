@@ -1,7 +1,7 @@
 """What the chart reads from the preset files, computed the way the chart's templates compute it.
 
 The chart mounts ``presets/`` (a link to ``dapo/presets``) and resolves a preset's ``extends:`` chain itself
-(``dapo.presetFiles`` / ``dapo.preset`` in ``charts/dapo/templates/_helpers.tpl``). These functions do the same in
+(``dapo.presetFiles`` / ``dapo.preset`` in ``charts/dapo/templates/_presets.tpl``). These functions do the same in
 Python so ``scripts/render.py`` produces the same objects; the preset is also validated strictly with
 :func:`dapo.config.load_preset`, which Helm cannot do.
 """

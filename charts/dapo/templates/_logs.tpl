@@ -67,6 +67,7 @@ once (podFailurePolicy), evictions do not count.
 {{- end -}}
 {{- $pinned := include "dapo.followerImage" . | fromJson -}}
 {{- $image := include "dapo.imageRef" $pinned -}}
+{{- $args := dict "root" $root "kind" .kind "image" $image "logDir" $logDir "rayjob" $rayjob -}}
 apiVersion: batch/v1
 kind: Job
 metadata:
@@ -102,79 +103,110 @@ spec:
       annotations:
         kubectl.kubernetes.io/default-container: follow
     spec:
-      restartPolicy: Never
-      {{- if $lg.rbac.create }}
-      serviceAccountName: {{ include "dapo.fullname" $root }}-logs
-      {{- else if $lg.serviceAccountName }}
-      serviceAccountName: {{ $lg.serviceAccountName }}
-      {{- end }}
-      {{- with $v.imagePullSecrets }}
-      imagePullSecrets:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $v.podSecurityContext }}
-      securityContext:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $v.head.nodeSelector }}
-      nodeSelector:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $v.head.tolerations }}
-      tolerations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      initContainers:
-        # restartable (a native sidecar): restarted in place, it keeps /state and prints nothing twice
-        - name: follow
-          image: {{ $image }}
-          imagePullPolicy: {{ $v.image.pullPolicy }}
-          restartPolicy: Always
-          command: ["python", "-m", "dapo.cluster.follow"]
-          args:
-            {{- toYaml (list "--log-dir" $logDir "--rayjob" $rayjob "--backoff-limit" (toString (int $job.backoffLimit)) "--state-dir" "/state" "--sidecar" "--release" $root.Release.Name "--kind" .kind "--claim" (include "dapo.claimName" $root)) | nindent 12 }}
-          env:
-            - name: POD_NAMESPACE
-              valueFrom:
-                fieldRef:
-                  fieldPath: metadata.namespace
-            - name: PYTHONDONTWRITEBYTECODE
-              value: "1"
-          resources:
-            {{- toYaml $lg.resources | nindent 12 }}
-          {{- with $lg.securityContext }}
-          securityContext:
-            {{- toYaml . | nindent 12 }}
-          {{- end }}
-          volumeMounts:
-            - name: shared
-              mountPath: {{ $v.storage.mountPath }}
-              readOnly: true
-            - name: state
-              mountPath: /state
-      containers:
-        - name: result
-          image: {{ $image }}
-          imagePullPolicy: {{ $v.image.pullPolicy }}
-          command: ["/bin/sh", "-c", {{ `until [ -s /state/result ]; do sleep 2; done; exit "$(cat /state/result)"` | quote }}]
-          resources:
-            {{- toYaml $lg.resources | nindent 12 }}
-          {{- with $lg.securityContext }}
-          securityContext:
-            {{- toYaml . | nindent 12 }}
-          {{- end }}
-          volumeMounts:
-            - name: state
-              mountPath: /state
-              readOnly: true
-      volumes:
-        - name: shared
-          persistentVolumeClaim:
-            claimName: {{ include "dapo.claimName" $root }}
-            readOnly: true
-        - name: state
-          emptyDir:
-            sizeLimit: 1Mi
+      {{- include "dapo.followerPodSpec" $args | nindent 6 }}
+{{- end -}}
+
+{{/*
+The follower Job's pod spec: its account, pull secrets, securityContext and the head's node placement, the
+containers (dapo.followerContainers), the claim read-only and the state volume.
+Usage: include "dapo.followerPodSpec" (dict "root" $ "kind" $k "image" $ref "logDir" $dir "rayjob" $name)
+*/}}
+{{- define "dapo.followerPodSpec" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- $lg := $v.logs -}}
+{{- $job := index $v .kind -}}
+{{- $image := .image -}}
+{{- $logDir := .logDir -}}
+{{- $rayjob := .rayjob -}}
+restartPolicy: Never
+{{- if $lg.rbac.create }}
+serviceAccountName: {{ include "dapo.fullname" $root }}-logs
+{{- else if $lg.serviceAccountName }}
+serviceAccountName: {{ $lg.serviceAccountName }}
+{{- end }}
+{{- with $v.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.head.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.head.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{ include "dapo.followerContainers" . }}
+volumes:
+  - name: shared
+    persistentVolumeClaim:
+      claimName: {{ include "dapo.claimName" $root }}
+      readOnly: true
+  - name: state
+    emptyDir:
+      sizeLimit: 1Mi
+{{- end -}}
+
+{{/*
+The follower's containers: `follow` (a restartable init container that prints the stream and writes its exit code
+to /state/result) and `result` (waits for that file, exits with it). Same arguments as dapo.followerPodSpec.
+*/}}
+{{- define "dapo.followerContainers" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- $lg := $v.logs -}}
+{{- $job := index $v .kind -}}
+{{- $image := .image -}}
+{{- $logDir := .logDir -}}
+{{- $rayjob := .rayjob -}}
+initContainers:
+  # restartable (a native sidecar): restarted in place, it keeps /state and prints nothing twice
+  - name: follow
+    image: {{ $image }}
+    imagePullPolicy: {{ $v.image.pullPolicy }}
+    restartPolicy: Always
+    command: ["python", "-m", "dapo.cluster.follow"]
+    args:
+      {{- toYaml (list "--log-dir" $logDir "--rayjob" $rayjob "--backoff-limit" (toString (int $job.backoffLimit)) "--state-dir" "/state" "--sidecar" "--release" $root.Release.Name "--kind" .kind "--claim" (include "dapo.claimName" $root)) | nindent 6 }}
+    env:
+      - name: POD_NAMESPACE
+        valueFrom:
+          fieldRef:
+            fieldPath: metadata.namespace
+      - name: PYTHONDONTWRITEBYTECODE
+        value: "1"
+    resources:
+      {{- toYaml $lg.resources | nindent 6 }}
+    {{- with $lg.securityContext }}
+    securityContext:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    volumeMounts:
+      - name: shared
+        mountPath: {{ $v.storage.mountPath }}
+        readOnly: true
+      - name: state
+        mountPath: /state
+containers:
+  - name: result
+    image: {{ $image }}
+    imagePullPolicy: {{ $v.image.pullPolicy }}
+    command: ["/bin/sh", "-c", {{ `until [ -s /state/result ]; do sleep 2; done; exit "$(cat /state/result)"` | quote }}]
+    resources:
+      {{- toYaml $lg.resources | nindent 6 }}
+    {{- with $lg.securityContext }}
+    securityContext:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    volumeMounts:
+      - name: state
+        mountPath: /state
+        readOnly: true
 {{- end -}}
 
 {{/*

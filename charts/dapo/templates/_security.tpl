@@ -1,7 +1,7 @@
 {{/*
 What keeps a run to itself: the rules that refuse security settings that cannot work, and the Pod Security Standard
 level a namespace needs for the values. dapo/k8s/security.py (check_security, pod_security_profile) is the twin;
-the NetworkPolicy is networkpolicy.yaml, authOptions and the securityContexts are in _helpers.tpl.
+the NetworkPolicy is networkpolicy.yaml, authOptions and the securityContexts are in _rayjob.tpl and _pods.tpl.
 */}}
 {{- define "dapo.validateSecurity" -}}
 {{- $v := .Values -}}

@@ -4,6 +4,22 @@ dapo/k8s/values.py applies the same rules for scripts/render.py (tests check bot
 Usage: at the top of every template: {{- include "dapo.validate" . -}}
 */}}
 {{- define "dapo.validate" -}}
+{{- include "dapo.validateNames" . -}}
+{{- include "dapo.validatePlacement" . -}}
+{{- include "dapo.validateLifecycle" . -}}
+{{- include "dapo.validateResources" . -}}
+{{- include "dapo.validateEnv" . -}}
+{{- include "dapo.validateHead" . -}}
+{{- include "dapo.validateStorage" . -}}
+{{- include "dapo.validateRun" . -}}
+{{- include "dapo.installRules" . -}}
+{{- include "dapo.validateSecurity" . -}}
+{{- end -}}
+
+{{/*
+Part of dapo.validate: what is deployed and its RayJob names.
+*/}}
+{{- define "dapo.validateNames" -}}
 {{- $v := .Values -}}
 {{- if and (not $v.train.enabled) (not $v.eval.enabled) -}}
 {{- fail "train.enabled: train.enabled and eval.enabled are both false; nothing to deploy" -}}
@@ -21,7 +37,13 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
 
+{{/*
+Part of dapo.validate: the placement: from the preset unless values override it.
+*/}}
+{{- define "dapo.validatePlacement" -}}
+{{- $v := .Values -}}
 {{- /* Placement: from the preset unless values override it. */ -}}
 {{- $pl := include "dapo.placement" . | fromJson -}}
 {{- if lt (int $pl.nodes) 1 -}}
@@ -53,7 +75,13 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- fail (printf "overrides: %q changes the placement; set the values nodes / gpusPerNode instead (the worker group is sized from them)" $o) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
 
+{{/*
+Part of dapo.validate: the RayJobs' lifecycle under KubeRay v1.7 and the queue.
+*/}}
+{{- define "dapo.validateLifecycle" -}}
+{{- $v := .Values -}}
 {{- /* RayJob lifecycle rules of KubeRay v1.7, per job. */ -}}
 {{- range $kind := list "train" "eval" -}}
 {{- $job := index $v $kind -}}
@@ -61,6 +89,30 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- if and (not $job.shutdownAfterJobFinishes) (gt (int $job.ttlSecondsAfterFinished) 0) -}}
 {{- fail (printf "%s.ttlSecondsAfterFinished: must be 0 when %s.shutdownAfterJobFinishes is false (KubeRay rejects the RayJob)" $kind $kind) -}}
 {{- end -}}
+{{- include "dapo.validateDeletionRules" (dict "kind" $kind "job" $job) -}}
+{{- if and (eq $v.queue.scheduler "kueue") (not $job.shutdownAfterJobFinishes) -}}
+{{- fail (printf "queue.scheduler: kueue suspends RayJobs, which KubeRay allows only with %s.shutdownAfterJobFinishes: true" $kind) -}}
+{{- end -}}
+{{- if and (eq $v.queue.scheduler "kai") (eq $job.submissionMode "K8sJobMode") -}}
+{{- fail (printf "queue.scheduler: kai does not support %s.submissionMode K8sJobMode (the submitter pod escapes the gang); use HTTPMode or SidecarMode" $kind) -}}
+{{- end -}}
+{{- if and (eq $job.submissionMode "SidecarMode") (not (has $v.head.restartPolicy (list "" "Never"))) -}}
+{{- fail (printf "head.restartPolicy: must be empty or Never with %s.submissionMode SidecarMode, got %q" $kind $v.head.restartPolicy) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.queue.scheduler (not $v.queue.name) -}}
+{{- fail (printf "queue.name: required when queue.scheduler is %q" $v.queue.scheduler) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A job's deletionRules as KubeRay v1.7 validates them: one condition each, no duplicate, the TTLs in
+policy order. Usage: include "dapo.validateDeletionRules" (dict "kind" "train" "job" .Values.train)
+*/}}
+{{- define "dapo.validateDeletionRules" -}}
+{{- $kind := .kind -}}
+{{- $job := .job -}}
 {{- if $job.deletionRules -}}
 {{- if $job.shutdownAfterJobFinishes -}}
 {{- fail (printf "%s.deletionRules: mutually exclusive with %s.shutdownAfterJobFinishes: true (KubeRay v1.7); set shutdownAfterJobFinishes: false and ttlSecondsAfterFinished: 0" $kind $kind) -}}
@@ -101,21 +153,13 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- if and (eq $v.queue.scheduler "kueue") (not $job.shutdownAfterJobFinishes) -}}
-{{- fail (printf "queue.scheduler: kueue suspends RayJobs, which KubeRay allows only with %s.shutdownAfterJobFinishes: true" $kind) -}}
-{{- end -}}
-{{- if and (eq $v.queue.scheduler "kai") (eq $job.submissionMode "K8sJobMode") -}}
-{{- fail (printf "queue.scheduler: kai does not support %s.submissionMode K8sJobMode (the submitter pod escapes the gang); use HTTPMode or SidecarMode" $kind) -}}
-{{- end -}}
-{{- if and (eq $job.submissionMode "SidecarMode") (not (has $v.head.restartPolicy (list "" "Never"))) -}}
-{{- fail (printf "head.restartPolicy: must be empty or Never with %s.submissionMode SidecarMode, got %q" $kind $v.head.restartPolicy) -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-{{- if and $v.queue.scheduler (not $v.queue.name) -}}
-{{- fail (printf "queue.name: required when queue.scheduler is %q" $v.queue.scheduler) -}}
 {{- end -}}
 
+{{/*
+Part of dapo.validate: resources: no GPU on the head, GPUs only from the placement.
+*/}}
+{{- define "dapo.validateResources" -}}
+{{- $v := .Values -}}
 {{- /* No GPU-holding head. */ -}}
 {{- range $section := list "requests" "limits" -}}
 {{- if hasKey (index $v.head.resources $section | default dict) "nvidia.com/gpu" -}}
@@ -136,7 +180,13 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- fail (printf "worker.extraResources.%s: extraResources is for device resources (RDMA, EFA); cpu/memory go in worker.resources, GPUs come from gpusPerNode" $k) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
 
+{{/*
+Part of dapo.validate: environment and labels: tokens only from the Secret, nothing the chart sets.
+*/}}
+{{- define "dapo.validateEnv" -}}
+{{- $v := .Values -}}
 {{- /* Environment: tokens only from the Secret, no clash with what the chart sets. */ -}}
 {{- $managed := list "HF_HOME" "HF_TOKEN_PATH" "WANDB_ENTITY" "RAY_memory_monitor_refresh_ms" "NVIDIA_VISIBLE_DEVICES" -}}
 {{- range $where := list "env" "nccl" "train.runtimeEnv" "eval.runtimeEnv" -}}
@@ -166,7 +216,13 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- if and (include "dapo.hubOffline" .) (hasKey $v.env "HF_HUB_OFFLINE") -}}
 {{- fail "env.HF_HUB_OFFLINE: set by the chart when dataPrep.fetchModel downloads the model; remove it here" -}}
 {{- end -}}
+{{- end -}}
 
+{{/*
+Part of dapo.validate: the head pod stays Guaranteed; hostNetwork; paths under the mount.
+*/}}
+{{- define "dapo.validateHead" -}}
+{{- $v := .Values -}}
 {{- /* A Guaranteed head pod (evicted last): requests equal limits for cpu and memory in every container. */ -}}
 {{- $guaranteed := list (list "head.resources" $v.head.resources) -}}
 {{- if $v.dataPrep.enabled -}}{{- $guaranteed = append $guaranteed (list "dataPrep.resources" $v.dataPrep.resources) -}}{{- end -}}
@@ -193,7 +249,13 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- fail (printf "%s: %q is not under storage.mountPath %q (it would not survive the pod)" $key $path $v.storage.mountPath) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
 
+{{/*
+Part of dapo.validate: the created volume's size.
+*/}}
+{{- define "dapo.validateStorage" -}}
+{{- $v := .Values -}}
 {{- /* The created volume holds max_ckpt_to_keep + 1 checkpoints + model cache + data: the bytes per preset come
 from files/requirements.yaml (generated by `dapo plan --requirements-file`; dapo/plan/memory.py computes the same for
 scripts/render.py). An existing claim is not sized here (docs/deploy.md, Storage and retention). */ -}}
@@ -208,7 +270,14 @@ scripts/render.py). An existing claim is not sized here (docs/deploy.md, Storage
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
 
+{{/*
+Part of dapo.validate: the evaluation's needs, the storage class and the fabric of a GPU run.
+*/}}
+{{- define "dapo.validateRun" -}}
+{{- $v := .Values -}}
+{{- $pl := include "dapo.placement" . | fromJson -}}
 {{- /* Evaluation needs a GPU worker, a checkpoint directory and a test file. */ -}}
 {{- if $v.eval.enabled -}}
 {{- if lt (int $pl.evalGpus) 1 -}}
@@ -237,8 +306,6 @@ scripts/render.py). An existing claim is not sized here (docs/deploy.md, Storage
 {{- fail (printf "fabric.check: %s: every multi-node run checks its fabric first (about a minute, against days of training); set fabric.check: true (fabric.expect=socket trains over TCP, reported by the check)" $where) -}}
 {{- end -}}
 {{- end -}}
-{{- include "dapo.installRules" . -}}
-{{- include "dapo.validateSecurity" . -}}
 {{- end -}}
 
 {{/*
