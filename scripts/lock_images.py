@@ -6,7 +6,8 @@
     python scripts/lock_images.py --image eval     # one image only (also with --check)
 
 Inputs of an image's lock: the names it installs (docker/requirements*.in), its constraints file (the pins, each with
-its reason), our package's dependencies (pyproject.toml: [project].dependencies and the image's extra), and the
+its reason), its overrides file if it has one (docker/overrides.txt: where the image departs from an exact pin of a
+package it installs, each with its reason), our package's dependencies (pyproject.toml: [project].dependencies and the image's extra), and the
 resolver settings in docker/uv-lock.toml (registry, newest upload date, metadata of the CUDA source packages). uv
 (`uv pip compile`, the version pinned in pyproject's `dev` extra) resolves them for the image's Python and platform --
 manylinux at the glibc of the base image's Ubuntu release -- allowing source distributions only for the packages the
@@ -71,6 +72,9 @@ class Image:
     python: str  # the base image's Python (Dockerfile PYTHON_VERSION)
     glibc: str  # the base image's glibc: the manylinux tag wheels must fit
     source_builds: tuple[str, ...] = ()  # sdist-only on PyPI: compiled in the builder stage
+    # requirements that replace every other requirement on the same package (uv --override): where the image
+    # departs from an exact pin of a package it installs (each line of the file says why)
+    overrides: str | None = None
     build_roots: tuple[str, ...] = BUILD_TOOLS  # what the builder installs (with its dependencies) before compiling
 
     @property
@@ -81,7 +85,7 @@ class Image:
 IMAGES: dict[str, Image] = {
     "train": Image(
         "train", "training image", "docker/Dockerfile", "docker/requirements.in", "docker/constraints.txt",
-        extras=("verl",), python="3.12", glibc="2.39",
+        extras=("verl",), python="3.12", glibc="2.39", overrides="docker/overrides.txt",
         # flash-attn: CUDA sources only; antlr4-python3-runtime 4.9.3 (hydra-core's pin): a pure-Python sdist
         source_builds=("flash-attn", "antlr4-python3-runtime"),
         build_roots=BUILD_TOOLS + ("ninja", "psutil", "einops", "torch")),
@@ -136,7 +140,10 @@ def compile_args(image: Image) -> list[str]:
     args = ["pip", "compile", image.requirements, "pyproject.toml"]
     for extra in image.extras:
         args += ["--extra", extra]
-    args += ["-c", image.constraints, "--no-config", "--config-file", SETTINGS,
+    args += ["-c", image.constraints]
+    if image.overrides:
+        args += ["--override", image.overrides]
+    args += ["--no-config", "--config-file", SETTINGS,
              "--python-version", image.python, "--python-platform", image.platform,
              "--only-binary", ":all:"]
     for name in image.source_builds:
@@ -238,7 +245,7 @@ def inputs_digest(image: Image) -> str:
             "dependencies": project.get("dependencies", []),
             "extras": {e: project["optional-dependencies"][e] for e in image.extras}}
     h = hashlib.sha256()
-    for part in (image.requirements, image.constraints, SETTINGS):
+    for part in (image.requirements, image.constraints, *([image.overrides] if image.overrides else []), SETTINGS):
         h.update(part.encode() + b"\0" + (ROOT / part).read_bytes() + b"\0")
     h.update(json.dumps(ours, sort_keys=True).encode() + b"\0")
     h.update(f"uv {uv_pin()} {shlex.join(compile_args(image))}".encode())
@@ -274,7 +281,7 @@ def render(image: Image, uv_output: str) -> dict[str, str]:
         parts["source"] = ([e for e in entries if e.name in sources],
                            "the source distributions the builder stage compiles into wheels (pip wheel "
                            "--require-hashes --no-deps --no-binary :all:); the runtime installs those wheels")
-    inputs = [image.requirements, image.constraints, SETTINGS,
+    inputs = [image.requirements, image.constraints, *([image.overrides] if image.overrides else []), SETTINGS,
               "pyproject.toml ([project] dependencies" + "".join(f", extra `{e}`" for e in image.extras) + ")"]
     out = {}
     for kind, (chosen, what) in parts.items():

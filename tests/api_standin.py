@@ -142,11 +142,17 @@ class StandInApi:
         return obj
 
     def replace(self, kind: str, objects: Iterable[dict], namespace: str = "default") -> None:
-        """Every object of ``kind`` (in ``namespace``) is now ``objects``."""
+        """Every object of ``kind`` (in ``namespace``) is now ``objects``, in one assignment: a request served
+        meanwhile sees the old list or the new one, never a part of it."""
         prefix, plural, namespaced = KINDS[kind]
-        self.store[(prefix, plural, namespace if namespaced else "")] = {}
+        staged: dict[str, dict] = {}
         for obj in objects:
-            self.put({**obj, "kind": kind}, namespace)
+            obj = {**obj, "kind": kind}
+            meta = obj.setdefault("metadata", {})
+            if namespaced:
+                meta["namespace"] = namespace
+            staged[meta["name"]] = obj
+        self.store[(prefix, plural, namespace if namespaced else "")] = staged
 
     def remove(self, kind: str, name: str, namespace: str = "default") -> None:
         prefix, plural, namespaced = KINDS[kind]

@@ -443,16 +443,20 @@ class LoopbackRayCluster:
         (pod,) = [p for p in self.pods if p.node_id == node_id]
         return pod
 
-    def nodes(self) -> dict[str, Any]:
-        """Alive nodes by id, as the GCS sees them (state API through the dashboard)."""
+    def state(self, resource: str, filters: Optional[list] = None, detail: bool = False) -> list[Any]:
+        """Ray's own state of the cluster (state API through the dashboard, with the token): ``resource`` is a
+        ``StateResource`` name ("NODES", "ACTORS", "PLACEMENT_GROUPS", ...)."""
         from ray.util.state import StateApiClient
         from ray.util.state.common import ListApiOptions, StateResource
 
         client = StateApiClient(address=self.address, headers={"Content-Type": "application/json",
                                                                **self.auth_headers})
-        nodes = client.list(StateResource.NODES, options=ListApiOptions(filters=[("state", "=", "ALIVE")]),
-                            raise_on_missing_output=False)
-        return {n.node_id: n for n in nodes}
+        return client.list(StateResource[resource], options=ListApiOptions(filters=filters or [], detail=detail),
+                           raise_on_missing_output=False)
+
+    def nodes(self) -> dict[str, Any]:
+        """Alive nodes by id, as the GCS sees them (state API through the dashboard)."""
+        return {n.node_id: n for n in self.state("NODES", [("state", "=", "ALIVE")])}
 
     def wait_nodes(self, timeout: float = 90) -> dict[str, Any]:
         """Wait until exactly the running pods are the alive nodes (a lost pod's node declared dead)."""

@@ -679,13 +679,13 @@ def test_verl_on_cpu_workers_declare_logical_gpus_and_request_no_device_in_helm_
     assert h == p
     spec = p[("RayJob", "dapo-train")]["spec"]
     (group,) = spec["rayClusterSpec"]["workerGroupSpecs"]
-    assert group["replicas"] == 1
+    assert group["replicas"] == 2  # the preset's two nodes: two worker pods (two raylets)
     # KubeRay passes rayStartParams to `ray start`: verl places an FSDP rank and a vLLM replica per logical GPU
-    assert group["rayStartParams"] == {"num-gpus": "2", "num-cpus": str(2 * CPU_RAY_CPUS_PER_GPU)}
+    assert group["rayStartParams"] == {"num-gpus": "1", "num-cpus": str(CPU_RAY_CPUS_PER_GPU)}
     container = group["template"]["spec"]["containers"][0]
     assert not any("nvidia.com/gpu" in (container["resources"].get(s) or {}) for s in ("requests", "limits"))
     assert "postStart" not in container.get("lifecycle", {})  # no GPU driver check
-    assert "placement.gpus_per_node=2" in spec["entrypoint"] and spec["entrypointNumCpus"] == 1
+    assert "placement.nodes=2 placement.gpus_per_node=1" in spec["entrypoint"] and spec["entrypointNumCpus"] == 1
     assert spec["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"  # the driver on the worker
 
 

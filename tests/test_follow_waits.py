@@ -107,6 +107,17 @@ def looks(api, n: int = 3, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def serve(api, pods: list[dict], events: list[dict]) -> None:
+    """The stand-in now serves ``pods``, then their ``events``. The follower lists the pods, then the events, so a
+    look straddling two plain assignments can pair the old pods with the new events (an event ahead of its pod, a
+    line the test does not expect: seen under load). So the events are cleared first, and the new ones served only
+    after a look has listed the new pods: each look then sees the new pods with no events, or both."""
+    api.events = []
+    api.pods = pods
+    looks(api, 1)
+    api.events = events
+
+
 def start(log_dir, api):
     return follower(log_dir, "--rayjob", "dapo-train", "--namespace", "ml", "--api-server", api.url, "--release",
                     "dapo", "--kind", "train", "--claim", "dapo-shared", "--waits-every", "0.1")
@@ -123,14 +134,12 @@ def test_each_wait_is_explained_once_then_the_driver_log_follows(tmp_path, api):
                   {**warning("Pod", "dapo-train-head", "Pulled", "ok"), "type": "Normal"}]
     proc = start(log_dir, api)
     looks(api, 10)  # ten looks at an unchanged cluster
-    api.events = []  # the pods first, then their events: a look between the two never sees an event ahead of its pod
-    api.pods = [pod("dapo-train-head", waiting={"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{IMAGE}"'}),
-                pod("dapo-train-worker-0", waiting={"reason": "ErrImagePull", "message": PULL})]
-    api.events = [warning("Pod", "dapo-train-worker-0", "Failed", f"Failed to pull image \"{IMAGE}\": {PULL}")]
+    serve(api, [pod("dapo-train-head", waiting={"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{IMAGE}"'}),
+                pod("dapo-train-worker-0", waiting={"reason": "ErrImagePull", "message": PULL})],
+          [warning("Pod", "dapo-train-worker-0", "Failed", f"Failed to pull image \"{IMAGE}\": {PULL}")])
     looks(api)
     api.status("Running", job="RUNNING")
-    api.pods = [pod("dapo-train-head", phase="Running"), pod("dapo-train-worker-0", phase="Running")]
-    api.events = []
+    serve(api, [pod("dapo-train-head", phase="Running"), pod("dapo-train-worker-0", phase="Running")], [])
     looks(api)
     assert write_attempt(log_dir, "first", 0) == 0
     api.status("Complete", job="SUCCEEDED")
@@ -324,18 +333,16 @@ def test_a_bad_first_hour_names_every_cause_in_at_most_15_lines_and_exits_1(tmp_
     crash = pod(names[15], waiting={"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"})
     crash["status"]["containerStatuses"][0].update(restartCount=2, lastState={"terminated": {"reason": "Error",
                                                                                              "exitCode": 137}})
-    api.events = []
-    api.pods = ([pod("dapo-train-head", phase="Running")] + [pod(n, phase="Running") for n in names[:14]]
-                + [pod(names[14], waiting={"reason": "ErrImagePull", "message": RATE_LIMITED}), crash])
-    api.events = ([warning("Pod", n, "TriggeredScaleUp", "pod triggered scale-up: [{eks-p5-a 2->16 (max: 16)}]",
-                           type_="Normal") for n in names[:14]]
-                  + [warning("Pod", names[14], "Failed", RATE_LIMITED, 3),
-                     warning("Pod", names[15], "FailedPostStartHook", hook, 2)])
+    serve(api, ([pod("dapo-train-head", phase="Running")] + [pod(n, phase="Running") for n in names[:14]]
+                + [pod(names[14], waiting={"reason": "ErrImagePull", "message": RATE_LIMITED}), crash]),
+          [warning("Pod", n, "TriggeredScaleUp", "pod triggered scale-up: [{eks-p5-a 2->16 (max: 16)}]",
+                   type_="Normal") for n in names[:14]]
+          + [warning("Pod", names[14], "Failed", RATE_LIMITED, 3),
+             warning("Pod", names[15], "FailedPostStartHook", hook, 2)])
     looks(api, 5)
     # fixed: every pod runs, the driver starts
     api.status("Running", job="RUNNING")
-    api.pods = [pod("dapo-train-head", phase="Running")] + [pod(n, phase="Running") for n in names]
-    api.events = []
+    serve(api, [pod("dapo-train-head", phase="Running")] + [pod(n, phase="Running") for n in names], [])
     looks(api)
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(log_dir), str(cue)], env=ENV)
     deadline = time.monotonic() + 60
@@ -351,13 +358,12 @@ def test_a_bad_first_hour_names_every_cause_in_at_most_15_lines_and_exits_1(tmp_
     lost["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
                                          "reason": "DeletionByTaintManager",
                                          "message": "Taint manager: deleting due to NoExecute taint"})
-    api.events = []
-    api.pods = [pod("dapo-train-head", phase="Running")] + [
-        {3: oom, 7: lost, 9: preempted}.get(i) or pod(n, phase="Running") for i, n in enumerate(names)]
-    api.events = [warning("Pod", names[7], "TaintManagerEviction", f"Marking for deletion Pod ml/{names[7]}",
-                          type_="Normal"),
-                  warning("Pod", names[9], "Preempted", "Preempted by pod 3f0c2a1e-5b6d-4c7e-8f9a-0b1c2d3e4f5a on "
-                          "node ip-10-0-7-9.ec2.internal", type_="Normal")]
+    serve(api, [pod("dapo-train-head", phase="Running")] + [
+        {3: oom, 7: lost, 9: preempted}.get(i) or pod(n, phase="Running") for i, n in enumerate(names)],
+          [warning("Pod", names[7], "TaintManagerEviction", f"Marking for deletion Pod ml/{names[7]}",
+                   type_="Normal"),
+           warning("Pod", names[9], "Preempted", "Preempted by pod 3f0c2a1e-5b6d-4c7e-8f9a-0b1c2d3e4f5a on "
+                   "node ip-10-0-7-9.ec2.internal", type_="Normal")])
     looks(api, 5)
     cue.touch()
     assert driver.wait(timeout=60) == 1

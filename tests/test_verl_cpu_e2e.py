@@ -7,9 +7,11 @@ checkpoint manager, our loss in the workers -- through the CPU platform (``dapo.
 backend's real calls saw.
 
 1. attempt 1 goes through the chart: the verl-tiny RayJob as Helm renders it, on a KubeRay-shaped Ray cluster on
-   loopback (tests/kuberay_loopback.py: a head without CPUs, one CPU worker pod declaring the preset's two logical
-   GPUs), submitted as KubeRay submits it; the driver -- the DAPO loop -- runs on the worker pod, which is lost
-   (SIGKILL to every process of it, the driver included) right after checkpoint ``KILL_AFTER`` is complete;
+   loopback (tests/kuberay_loopback.py: a head without CPUs, two CPU worker pods -- two raylets -- each declaring one
+   logical GPU, the preset's placement), submitted as KubeRay submits it; the driver -- the DAPO loop -- runs on one
+   worker pod; verl's resource pool, FSDP ranks and vLLM replicas span both, as Ray's own state shows; right after
+   checkpoint ``KILL_AFTER`` is complete the OTHER worker pod is lost (SIGKILL to every process of it) and the job
+   fails;
 2. attempt 2 is the same command on a laptop (no cluster: the driver starts Ray itself with the preset's logical
    GPUs): it resumes from verl's checkpoint on the shared directory and ends at ``STEPS``;
 3. a local-backend run of the same recipe gives the metric keys to compare with; verl's fit() keys are a fixture
@@ -43,6 +45,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.verl_cpu]
 
 STEPS = 4
 KILL_AFTER = 2  # SIGKILL attempt 1 once checkpoint 2 is complete
+NODES = 2  # worker pods of the loopback cluster, one logical GPU each (the preset's placement)
+LOST_FAILS_WITHIN_S = 120  # a lost worker pod (not the driver's) fails the job: the driver must not hang on it
 TEST_FREQ = 2
 PROBE = ROOT / "tests" / "verl_cpu_probe.py"
 RUN_TIMEOUT_S = 1200  # one attempt: ~4 min on an idle 2-core machine (vLLM replica start ~100 s of it)
@@ -145,18 +149,19 @@ def _scenario(root: Path) -> dict:
     argv = _probed(shlex.split(spec["entrypoint"]), record)
     probed = {**rayjob, "spec": {**spec, "entrypoint": shlex.join(argv)}}
     timing: dict[str, float] = {}
-    # attempt 1: the rendered RayJob on a KubeRay-shaped cluster (head without CPUs, one CPU worker pod declaring the
-    # preset's 2 logical GPUs), submitted as KubeRay does; the worker pod -- driver included -- is lost after
-    # checkpoint KILL_AFTER
+    # attempt 1: the rendered RayJob on a KubeRay-shaped cluster (head without CPUs, NODES CPU worker pods declaring
+    # one logical GPU each), submitted as KubeRay does; the worker pod without the driver is lost after checkpoint
+    # KILL_AFTER
     t0 = time.monotonic()
     cluster = LoopbackRayCluster(probed, root, env)
+    placement: dict = {}
     assert cluster.token, "token auth on, as the rendered RayJob's authOptions set it"
     try:
         nodes = cluster.wait_nodes()
         head = cluster.head.node_id
         assert nodes[head].resources_total.get("CPU", 0) == 0
-        (worker,) = cluster.workers()
-        assert nodes[worker.node_id].resources_total.get("GPU") == 2.0
+        workers = cluster.workers()
+        assert len(workers) == NODES and all(nodes[w.node_id].resources_total.get("GPU") == 1.0 for w in workers)
         client = cluster.client()
         job_id = kuberay_job_id(rayjob)
         cluster.submit(job_id)
@@ -168,10 +173,15 @@ def _scenario(root: Path) -> dict:
                 pytest.fail(f"attempt 1 {status} before checkpoint {KILL_AFTER}: {client.get_job_info(job_id).message}"
                             f"\n{log.read_text()[-6000:] if log.exists() else ''}")
             time.sleep(0.05)
-        info = client.get_job_info(job_id)
-        assert info.driver_node_id == worker.node_id != head, "the driver (the DAPO loop) runs on the worker pod"
-        worker.lose()  # SIGKILL: the driver and verl's workers go with their pod
-        assert _wait_status(client, job_id, TERMINAL, 120) == "FAILED"
+        placement = _placement(cluster)
+        driver = client.get_job_info(job_id).driver_node_id
+        assert driver in {w.node_id for w in workers}, "the driver (the DAPO loop) runs on a worker pod"
+        (lost,) = [w for w in workers if w.node_id != driver]
+        lost.lose()  # SIGKILL: verl's rank and vLLM replica there go with their pod; the driver's pod stays
+        t_lost = time.monotonic()
+        assert _wait_status(client, job_id, TERMINAL, LOST_FAILS_WITHIN_S) == "FAILED"
+        placement.update(driver=driver, lost=lost.node_id, failed_after_s=time.monotonic() - t_lost,
+                         message=client.get_job_info(job_id).message or "")
         timing["attempt_1_s"] = time.monotonic() - t0
     finally:
         cluster.close()
@@ -189,7 +199,33 @@ def _scenario(root: Path) -> dict:
     (root / "attempt-2.out").write_text(second.stdout + second.stderr)
     assert second.returncode == 0, (second.stdout + second.stderr)[-8000:]
     print(f"verl-tiny on CPU: {timing}")
-    return {"py": py, "base": root, "run": run, "record": record, "snapshot": snapshot, "env": env2}
+    return {"py": py, "base": root, "run": run, "record": record, "snapshot": snapshot, "env": env2,
+            "placement": placement}
+
+
+def _placement(cluster) -> dict:
+    """Where Ray put verl's pieces, from Ray's own state (the GCS through the state API, not the preset): the worker
+    pods' node ids; verl's resource pool (its placement groups, ``<pool>verl_group_...:<i>``) as the node of each
+    bundle; each FSDP rank's node (verl names its workers ``<prefix>WorkerDict_<pg index>:<local rank>``, rank =
+    pg index x local world size + local rank) and each vLLM replica's (``vLLMHttpServer`` actors
+    ``<prefix>server_<replica>_<node rank>``)."""
+    import re
+
+    actors = cluster.state("ACTORS", [("state", "=", "ALIVE")])
+    pgs = cluster.state("PLACEMENT_GROUPS", [("state", "=", "CREATED")], detail=True)
+    listing = [(a.class_name, a.name, a.node_id) for a in actors]
+    ranks, replicas = {}, {}
+    for a in actors:
+        cls = (a.class_name or "").rsplit(".", 1)[-1]  # WorkerDict is defined in a function: "<fn>.<locals>.WorkerDict"
+        if cls == "WorkerDict" and (m := re.search(r"WorkerDict_(\d+):(\d+)$", a.name or "")):
+            ranks[(int(m.group(1)), int(m.group(2)))] = a.node_id
+        if cls == "vLLMHttpServer" and (m := re.search(r"server_(\d+)_(\d+)$", a.name or "")):
+            replicas[(int(m.group(1)), int(m.group(2)))] = a.node_id
+    local = max((lr for _, lr in ranks), default=-1) + 1
+    pool = {pg.name: [b.get("node_id") for b in pg.bundles or []] for pg in pgs if "verl_group" in (pg.name or "")}
+    return {"workers": {w.node_id: w.name for w in cluster.workers()}, "pool": pool, "actors": listing,
+            "ranks": {pg * local + lr: node for (pg, lr), node in ranks.items()},
+            "replicas": {r: node for (r, node_rank), node in replicas.items() if node_rank == 0}}
 
 
 @pytest.fixture(scope="module")
@@ -444,6 +480,30 @@ def test_fit_metrics_are_our_definitions_on_the_batch_the_actor_saw(scenario, me
                   "response_length/clip_ratio", "prompt_length/mean", "prompt_length/clip_ratio"):
             assert by_step[step][k] == pytest.approx(ours[k], rel=FIT_REL, abs=1e-9), (step, k)
         assert by_step[step]["perf/total_num_tokens"] == int(d["attention_mask"].sum())
+
+
+def test_ranks_replicas_and_the_resource_pool_span_both_worker_pods(scenario):
+    """Attempt 1 on two worker pods of one logical GPU each, as Ray's own state showed it at checkpoint KILL_AFTER:
+    verl's resource pool is one placement group per pod (the pool spans both raylets), FSDP ranks 0 and 1 sit on
+    different pods, vLLM replica r on rank r's pod (verl's hybrid colocation), every checkpoint of attempt 1 has one
+    shard per rank -- each written by its rank, so by a process of each pod -- and losing the pod without the driver
+    fails the job promptly (the driver does not hang on a dead rank)."""
+    pl, snapshot = scenario["placement"], scenario["snapshot"]
+    workers = set(pl["workers"])
+    assert len(workers) == NODES, pl
+    assert len(pl["pool"]) == NODES and sorted(len(b) for b in pl["pool"].values()) == [1] * NODES, pl["pool"]
+    assert {n for b in pl["pool"].values() for n in b} == workers, pl["pool"]
+    assert sorted(pl["ranks"]) == list(range(NODES)) and set(pl["ranks"].values()) == workers, pl["actors"]
+    assert pl["replicas"] == pl["ranks"], (pl["replicas"], pl["ranks"], pl["actors"])
+    shards = sorted(p.name for p in (snapshot / "actor").glob(f"model_world_size_{NODES}_rank_*.pt"))
+    assert shards == [f"model_world_size_{NODES}_rank_{r}.pt" for r in range(NODES)], shards
+    assert pl["lost"] in workers and pl["lost"] != pl["driver"]
+    pod = pl["workers"]
+    ranks = {r: pod[n] for r, n in pl["ranks"].items()}
+    replicas = {r: pod[n] for r, n in pl["replicas"].items()}
+    print(f"placement from Ray's state: pool {[[pod[n] for n in b] for b in pl['pool'].values()]}, ranks {ranks}, "
+          f"replicas {replicas}, driver on {pod[pl['driver']]}, lost {pod[pl['lost']]}")
+    print(f"lost worker pod (not the driver's): job FAILED {pl['failed_after_s']:.1f} s later: {pl['message'][:300]}")
 
 
 def test_kill_9_after_a_checkpoint_resumes_from_verls_checkpoint(scenario):

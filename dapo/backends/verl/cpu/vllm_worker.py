@@ -3,8 +3,8 @@
 verl pushes the actor's weights into each vLLM worker with ``vLLMColocateWorkerExtension.update_weights_from_ipc``
 (verl 0.9.1 ``verl/workers/rollout/vllm_rollout/utils.py``): the received tensors go to ``model.load_weights`` (line
 405), then ``process_weights_after_loading`` runs. On CPU that fails: vLLM's CPU linear layers have already packed
-their weights for the CPU GEMM kernel and dropped the originals (vLLM 0.32.0
-``vllm/model_executor/layers/linear.py`` line 216, ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``), so
+their weights for the CPU GEMM kernel and dropped the originals (vLLM 0.29.0
+``vllm/model_executor/layers/linear.py`` line 215, ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``), so
 ``load_weights`` finds no ``weight`` to load into (``'Parameter' object has no attribute 'weight_loader'``).
 
 vLLM has an API for exactly this, the layerwise in-place reload its own ``reload_weights`` uses
@@ -20,8 +20,8 @@ It is selected through verl's own configuration (``actor_rollout_ref.rollout.eng
 ``placement.accelerator: cpu``.
 
 Importing this module refuses (:class:`dapo.backends.verl.cpu.patches.PatchError`) any verl but 0.9.1 and any vLLM
-but the CPU build 0.32.0 -- it runs inside vLLM's worker processes, so the message lands in the engine's log and the
-replica fails to start.
+but the CPU build 0.29.0, the images' release (docs/images.md) -- it runs inside vLLM's worker processes, so the
+message lands in the engine's log and the replica fails to start.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 
 from dapo.backends.verl.cpu.patches import PatchError, check_verl_version
 
-VLLM_VERSION = "0.32.0"
+VLLM_VERSION = "0.29.0"
 QUALNAME = f"{__name__}.CPUReloadWorkerExtension"
 
 
