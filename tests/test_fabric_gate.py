@@ -31,7 +31,10 @@ def _train(run_dir: Path, home: Path, *args: str) -> tuple[int, str, float]:
                OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     env.pop("RAY_ADDRESS", None)
     t0 = time.monotonic()
+    # the check's two ranks on the one Ray node this test starts (verl-tiny itself is 2 nodes x 1 GPU, which the
+    # verl e2e runs on two raylets): a placement over nodes this Ray instance does not have would wait forever
     out = subprocess.run([sys.executable, "-m", "dapo.train", "--preset", "verl-tiny", "--no-progress", *args,
+                          "placement.nodes=1", "placement.gpus_per_node=2",
                           f"recipe.trainer.default_local_dir={run_dir}"], env=env, capture_output=True, text=True,
                          timeout=900, cwd=str(home))
     return out.returncode, out.stdout + out.stderr, time.monotonic() - t0
