@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dapo.bench.mech_report import effect
-from dapo.bench.mechanisms import (HEADLINE, HELDOUT_SEEDS, MECHANISMS, RUNGS, SEEDS, cmd_mechanisms, heldout_seeds,
+from dapo.bench.mechanisms import (HEADLINES, HELDOUT_SEEDS, MECHANISMS, RUNGS, SEEDS, cmd_mechanisms, heldout_seeds,
                                    planned_runs, run_overrides)
 from dapo.bench.precondition import THRESHOLDS, clip_preconditions, rollout_preconditions, verdicts
 from dapo.config import load_preset
@@ -35,16 +35,22 @@ def test_each_rung_turns_off_exactly_its_mechanism_on_its_task_and_naive_grpo_al
         assert dapo["loss_agg_mode"] == "token-mean" and dapo["overlong_buffer"] and dapo["dynamic_sampling"], mech
         rung = _settings_of(spec["preset"], RUNGS[spec["without"]])
         assert {k for k in dapo if dapo[k] != rung[k]} == OFF[mech], mech
-    dapo = _settings_of(HEADLINE["preset"], [])
-    naive = _settings_of(HEADLINE["preset"], RUNGS["naive GRPO"])
-    assert {k for k in dapo if dapo[k] != naive[k]} == set().union(*OFF.values())
-    # the headline's two rungs validate every step (the smoothed crossing), the other rungs at their task's cadence
+    for name, spec in HEADLINES.items():
+        dapo = _settings_of(spec["preset"], [])
+        naive = _settings_of(spec["preset"], RUNGS["naive GRPO"])
+        assert {k for k in dapo if dapo[k] != naive[k]} == set().union(*OFF.values()), name
+        assert dapo["clip_ratio_high"] == 0.28 and dapo["dynamic_sampling"], name
+    # a headline's two rungs validate every step (the smoothed crossing), the other rungs at their task's cadence
     freq = {rung: load_preset("tiny-mech", run_overrides("tiny-mech", rung, 1)).recipe.trainer.test_freq
             for rung in RUNGS}
     assert freq["DAPO"] == freq["naive GRPO"] == 1 and freq["DAPO - dynamic sampling"] == 2
     assert load_preset("tiny-clip", run_overrides("tiny-clip", "DAPO", 1)).recipe.trainer.test_freq == 2
-    assert planned_runs(["clip-higher", "overlong shaping", "headline"]) == {
-        "tiny-clip": ["DAPO", "DAPO - clip-higher"], "tiny-mech": ["DAPO", "DAPO - overlong shaping", "naive GRPO"]}
+    long_naive = load_preset("tiny-long", run_overrides("tiny-long", "naive GRPO", 1)).recipe
+    assert long_naive.trainer.test_freq == 1 and long_naive.filter_groups.max_num_gen_batches == 40
+    assert long_naive.trainer.total_training_steps == 30 and long_naive.trainer.seed == 1
+    assert planned_runs(["clip-higher", "overlong shaping", "headline", "headline-long"]) == {
+        "tiny-clip": ["DAPO", "DAPO - clip-higher"], "tiny-mech": ["DAPO", "DAPO - overlong shaping", "naive GRPO"],
+        "tiny-long": ["DAPO", "naive GRPO"]}
 
 
 def test_the_tasks_give_their_mechanism_what_the_paper_needs():

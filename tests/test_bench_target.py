@@ -86,3 +86,34 @@ def test_a_target_inside_the_validation_noise_gets_the_ratio_but_no_verdict():
     g = hl["groups"]["pre"]
     assert g["ratio"] == pytest.approx(np.mean(g["DAPO"]["steps"]) / np.mean(g["naive GRPO"]["steps"]))
     assert g["verdict"] == "target not decidable (within validation noise), no verdict"
+
+
+def test_each_headline_is_reported_on_its_own_task_with_its_own_target_steps_and_figure(tmp_path):
+    """Two headlines (tiny-mech, 24 steps; tiny-long, 30 steps) in one report: each gets its own target from its own
+    naive GRPO runs, its own section and figure, and a run that never reaches its target counts as its own task's
+    steps + 1."""
+    from dapo.bench.mech_report import write_report
+    from dapo.bench.mechanisms import HEADLINES
+
+    def run(accs: list[float]) -> dict:
+        return {"curve": _curve(accs), "run_dir": str(tmp_path / "none"), "val_acc_after": accs[-1]}
+
+    flat_mech = [0.07] + [0.075] * 24  # naive GRPO barely moves: not decidable
+    results = {("tiny-mech", "DAPO"): {s: run([0.05 + 0.01 * s] + [0.09] * 24) for s in (1, 2, 3)},
+               ("tiny-mech", "naive GRPO"): {s: run(flat_mech) for s in (1, 2, 3)},
+               ("tiny-long", "DAPO"): {s: run([0.30 + 0.01 * s] + [0.30] * 30) for s in (1, 2, 3)},
+               ("tiny-long", "naive GRPO"): {s: run([0.30 + 0.01 * s] + [0.30 + 0.02 * k for k in range(1, 31)])
+                                             for s in (1, 2, 3)}}  # fmt: skip
+    text = write_report(results, {}, tmp_path, "meta", {"pre-registered": [1, 2, 3]}, {}, HEADLINES)
+    report = __import__("json").loads((tmp_path / "mechanisms.json").read_text())
+    mech, long = report["headlines"]["headline"], report["headlines"]["headline-long"]
+    assert mech["preset"] == "tiny-mech" and not mech["rule"]["decidable"]
+    assert long["preset"] == "tiny-long" and long["rule"]["decidable"]
+    assert long["rule"]["target"] == pytest.approx(0.32 + 0.5 * (np.mean([0.30 + 0.02 * k for k in range(26, 31)])
+                                                                 - 0.32))  # a0: every run's step 0, 0.32
+    g = long["groups"]["pre-registered"]
+    assert g["DAPO"]["reached"] == 0 and g["ratio"] > 1  # DAPO flat at 0.30 never reaches it: counted as 31
+    assert g["ratio"] == pytest.approx(31 / np.mean(g["naive GRPO"]["steps"]))
+    assert g["verdict"].startswith("misses 0.5x")
+    assert "headline (tiny-mech) target" in text and "headline-long (tiny-long) target" in text
+    assert (tmp_path / "mech-headline.png").stat().st_size > 0 and (tmp_path / "mech-headline-long.png").stat().st_size

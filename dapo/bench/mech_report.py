@@ -147,7 +147,8 @@ def mechanism_figure(mech: str, spec: dict, with_runs: list[dict], without_runs:
     return path
 
 
-def headline_figure(dapo: list[dict], naive: list[dict], target: Optional[float], out: Path) -> Path:
+def headline_figure(dapo: list[dict], naive: list[dict], target: Optional[float], out: Path, name: str, preset: str,
+                    filename: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,9 +165,9 @@ def headline_figure(dapo: list[dict], naive: list[dict], target: Optional[float]
         ax.set_ylabel("validation accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("DAPO vs naive GRPO: mean ± seed sd (every seed)")
+    fig.suptitle(f"{name}: DAPO vs naive GRPO on {preset}: mean ± seed sd (every seed)")
     fig.tight_layout()
-    path = out / "mech-headline.png"
+    path = out / filename
     fig.savefig(path, dpi=70)
     plt.close(fig)
     return path
@@ -222,9 +223,11 @@ def _fmt_effect(e: Optional[dict]) -> list[str]:
     return [_mean_sd(e["with"]), _mean_sd(e["without"]), d, f"{e['verdict']} (seeds {', '.join(map(str, e['seeds']))})"]
 
 
-def _headline_text(hl: dict) -> str:
+def _headline_text(name: str, preset: str, hl: dict, pre: Optional[dict]) -> str:
     r = hl["rule"]
-    text = (f"\nheadline target: a0 {r['a0']:.3f} (warm start, mean of {r['n_step0']} step-0 validations; one "
+    text = (f"\n{name} ({preset}): dynamic sampling's precondition at warm start "
+            f"{precondition_cell('dynamic sampling', pre)}\n"
+            f"{name} ({preset}) target: a0 {r['a0']:.3f} (warm start, mean of {r['n_step0']} step-0 validations; one "
             f"validation's sd {r['sigma_val']:.4f}, the set's SE {r['se_set']:.4f}); naive GRPO's final gain "
             f"{r['gain']:+.3f}; target a0 + {r['fraction']} x gain = {r['target']:.3f}, {r['margin_sd']:.1f} sd of "
             f"the smoothed curve and {r['margin_se_set']:.1f} SE of the set above a0: "
@@ -244,11 +247,11 @@ def _headline_text(hl: dict) -> str:
 
 
 def write_report(results: dict[tuple[str, str], dict], pre: dict[str, dict], out: Path, meta: str,
-                 groups: dict[str, list[int]], mechanisms: dict[str, dict], headline_spec: Optional[dict]) -> str:
+                 groups: dict[str, list[int]], mechanisms: dict[str, dict], headlines: dict[str, dict]) -> str:
     """``mechanisms.md`` / ``.json`` and the figures in ``out``; returns the markdown. ``results``: (preset, rung) ->
     {seed: run}; ``pre``: preset -> its preconditions; ``groups``: the seed groups reported apart; ``mechanisms``:
-    the selected entries of :data:`dapo.bench.mechanisms.MECHANISMS`; ``headline_spec``:
-    :data:`dapo.bench.mechanisms.HEADLINE` when the headline was asked for."""
+    the selected entries of :data:`dapo.bench.mechanisms.MECHANISMS`; ``headlines``: the selected entries of
+    :data:`dapo.bench.mechanisms.HEADLINES` (name -> spec), each reported when both its rungs have runs."""
     from dapo.config import load_preset
 
     out.mkdir(parents=True, exist_ok=True)
@@ -270,16 +273,20 @@ def write_report(results: dict[tuple[str, str], dict], pre: dict[str, dict], out
             cells += _fmt_effect(effects[mech].get(gname))
         lines.append("| " + " | ".join(cells + [f"{spec['figure']}: `{fig}`"]) + " |")
     text = meta + "\n" + "\n".join(lines) + "\n"
-    hl = None
-    preset, (rd, rn) = (headline_spec or {}).get("preset"), (headline_spec or {}).get("rungs", (None, None))
-    dapo, naive = results.get((preset, rd), {}), results.get((preset, rn), {})
-    if headline_spec and dapo and naive:
+    hls: dict[str, dict] = {}
+    groups_all = {**groups, "all": [s for g in groups.values() for s in g]} if len(groups) > 1 else groups
+    for name, spec in headlines.items():
+        preset, (rd, rn) = spec["preset"], spec["rungs"]
+        dapo, naive = results.get((preset, rd), {}), results.get((preset, rn), {})
+        if not (dapo and naive):
+            continue
         p = load_preset(preset)
-        groups_all = {**groups, "all": [s for g in groups.values() for s in g]} if len(groups) > 1 else groups
         hl = target_headline({s: r["curve"] for s, r in dapo.items()}, {s: r["curve"] for s, r in naive.items()},
                              p.local.task.n_val if p.local else 0, p.recipe.trainer.total_training_steps, groups_all)
-        headline_figure(list(dapo.values()), list(naive.values()), hl["rule"]["target"], out)
-        text += _headline_text(hl)
+        headline_figure(list(dapo.values()), list(naive.values()), hl["rule"]["target"], out, name, preset,
+                        spec["figure"])  # fmt: skip
+        text += _headline_text(name, preset, hl, pre.get(preset))
+        hls[name] = {"preset": preset, **hl}
     finals = ["| task | rung | seeds | final val acc | val acc, 2nd half | entropy, 2nd half | length, 2nd half | "
               "responses / run |", "|---|---|---|---|---|---|---|---|"]
     for (preset, rung), runs in results.items():
@@ -293,7 +300,7 @@ def write_report(results: dict[tuple[str, str], dict], pre: dict[str, dict], out
     (out / "mechanisms.md").write_text(text)
     (out / "mechanisms.json").write_text(json.dumps(
         {"groups": groups, "preconditions": pre, "precondition_verdicts": {p: verdicts(v) for p, v in pre.items()},
-         "effects": effects, "headline": hl,
+         "effects": effects, "headlines": hls,
          "runs": {f"{k[0]}/{k[1]}": {s: {kk: vv for kk, vv in r.items() if kk != "counters"} for s, r in v.items()}
                   for k, v in results.items()}},
         indent=2, default=str))  # fmt: skip
