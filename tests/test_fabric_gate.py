@@ -6,6 +6,8 @@
 - the next attempt of the same check (a KubeRay retry) exits 5 at once, before Ray starts, naming that verdict;
 - a network other than the declared one (gloo's TCP when efa is declared) with a floor it passes: exit 5 for the
   network alone -- so the floor judged is the one given.
+- ranks on more nodes than the Ray cluster has (2 nodes on this one-node Ray): the attempt ends after the placement
+  timeout naming the node missing, and records no verdict (the nodes, not the fabric: a retry checks again).
 (What makes two checks "the same", and the recheck token, are tested without Ray in tests/test_fabric.py.)
 
 Each check run takes a minute or two on a loaded 2-core machine (Ray's start and a 1 MiB..1 GiB sweep): slow."""
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -26,7 +29,7 @@ from conftest import ROOT
 pytestmark = pytest.mark.slow
 
 
-def _train(run_dir: Path, home: Path, *args: str) -> tuple[int, str, float]:
+def _train(run_dir: Path, home: Path, *args: str, nodes: int = 1, gpus_per_node: int = 2) -> tuple[int, str, float]:
     env = dict(os.environ, HOME=str(home), PYTHONPATH=str(ROOT), RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
                OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     env.pop("RAY_ADDRESS", None)
@@ -34,7 +37,7 @@ def _train(run_dir: Path, home: Path, *args: str) -> tuple[int, str, float]:
     # the check's two ranks on the one Ray node this test starts (verl-tiny itself is 2 nodes x 1 GPU, which the
     # verl e2e runs on two raylets): a placement over nodes this Ray instance does not have would wait forever
     out = subprocess.run([sys.executable, "-m", "dapo.train", "--preset", "verl-tiny", "--no-progress", *args,
-                          "placement.nodes=1", "placement.gpus_per_node=2",
+                          f"placement.nodes={nodes}", f"placement.gpus_per_node={gpus_per_node}",
                           f"recipe.trainer.default_local_dir={run_dir}"], env=env, capture_output=True, text=True,
                          timeout=900, cwd=str(home))
     return out.returncode, out.stdout + out.stderr, time.monotonic() - t0
@@ -81,3 +84,17 @@ def test_another_network_than_declared_exits_5_on_its_own_and_the_given_floor_is
     assert "declared fabric efa (floor 1e-06 GB/s busbw)" in out  # --fabric-min-busbw, not efa's 40
     assert "fabric check FAILED: NCCL chose Socket (socket), but the values declare efa" in out
     assert "below the efa floor" not in out  # the measured busbw passes the floor that was given
+
+
+def test_ranks_on_more_nodes_than_ray_has_end_the_attempt_naming_the_missing_node_and_record_nothing(tmp_path):
+    run_dir, home = tmp_path / "run", tmp_path / "home"
+    home.mkdir()
+    rc, out, _ = _train(run_dir, home, "--fabric-check", "socket", "--fabric-placement-timeout", "5", nodes=2,
+                        gpus_per_node=1)
+    assert rc == 5, out[-3000:]
+    assert "fabric check NOT RUN: the check's 2 x 1 ranks could not be placed in 5 s: they need 2 Ray node(s) with " \
+           "1 CPU each" in out, out[-3000:]
+    assert re.search(r"the cluster has 1 \([0-9.]+\) of 1 alive node\(s\): 1 node\(s\) missing", out), out[-3000:]
+    assert "not recorded as a verdict (a retry checks again)" in out and "nothing trained (exit code 5)" in out
+    assert not (run_dir / "fabric-check.json").exists()  # a retry (a new RayCluster) is not refused
+    assert "fabric check: all-reduce (busbw" not in out  # nothing was measured

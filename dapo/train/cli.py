@@ -25,7 +25,17 @@ import sys
 from pathlib import Path
 
 from dapo.config import ConfigError, list_presets, load_preset, split_overrides
-from dapo.train.fabric import EXIT_FABRIC, FABRICS
+from dapo.train.fabric import EXIT_FABRIC, FABRICS, PLACEMENT_TIMEOUT_S
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds, got {text!r}")
+    return value
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -52,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fabric-recheck", metavar="TOKEN", default=None,
                    help="with --fabric-check: a failed check is not run again by later attempts of the same run "
                    "(<run dir>/fabric-check.json); a new TOKEN runs it again (the chart's fabric.recheck)")
+    p.add_argument("--fabric-placement-timeout", type=_positive_seconds, metavar="SECONDS",
+                   default=PLACEMENT_TIMEOUT_S,
+                   help="with --fabric-check: how long the check waits for the nodes of its ranks before it ends the "
+                   f"attempt (exit {EXIT_FABRIC}) naming the nodes missing; not recorded, a retry checks again "
+                   f"(default {PLACEMENT_TIMEOUT_S:.0f})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     p.add_argument("--no-attempt-log", action="store_true",
                    help="do not write <run dir>/logs/attempt-N.log (stdout + stderr of this attempt)")

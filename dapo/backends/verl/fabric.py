@@ -13,7 +13,10 @@ TCP (:data:`dapo.train.fabric.GLOO_TRANSPORT`), judged like NCCL's Socket.
 :func:`gate` is what ``dapo train`` runs first: an earlier failed verdict of the same check ends the attempt at once
 (:mod:`dapo.train.fabric_verdict`: KubeRay retries a failed attempt whatever its exit code), otherwise it connects,
 checks and records a failure for the retries. A measurement that raises (an NCCL error) or does not finish within
-:data:`MEASURE_TIMEOUT_S` is a failed check, recorded like the others.
+:data:`MEASURE_TIMEOUT_S` is a failed check, recorded like the others. Ranks that cannot be placed within
+``placement_timeout`` seconds (:data:`dapo.train.fabric.PLACEMENT_TIMEOUT_S`; fewer Ray nodes with a bundle's resources than the run
+has nodes: a worker pod lost or never scheduled) end the attempt naming the nodes there are and the ones missing; that
+is not a verdict on the fabric and is not recorded, so a retry -- a new RayCluster -- checks again.
 
 Imports :mod:`dapo.train.fabric` and :mod:`dapo.train.fabric_verdict`; Ray and torch lazily (the process is the job
 driver, already connected).
@@ -26,15 +29,42 @@ from typing import Any, Optional
 
 from dapo.train import fabric, fabric_verdict
 
-__all__ = ["run_check", "nccl_debug_env", "check", "gate", "FabricMeasurementError"]
+__all__ = ["run_check", "nccl_debug_env", "check", "gate", "placement_shortfall", "FabricMeasurementError",
+           "FabricPlacementError"]
 
 # the all-reduce sweep takes seconds on a healthy fabric and tens of seconds on TCP; NCCL on a broken one can wait on
 # its own timeouts for much longer
 MEASURE_TIMEOUT_S = 900
+PLACEMENT_TIMEOUT_S = fabric.PLACEMENT_TIMEOUT_S
 
 
 class FabricMeasurementError(RuntimeError):
     """The ranks could not measure: NCCL failed, or the sweep did not finish within :data:`MEASURE_TIMEOUT_S`."""
+
+
+class FabricPlacementError(RuntimeError):
+    """The ranks could not be placed within the placement timeout: the Ray cluster lacks nodes the run needs."""
+
+
+def placement_shortfall(ray_nodes: list[dict[str, Any]], nodes: int, gpus_per_node: int, gpu: bool,
+                        waited_s: float) -> str:
+    """Why a placement of ``nodes`` bundles (``gpus_per_node`` CPUs, and as many GPUs when ``gpu``), one per node, is
+    not ready: the alive nodes that could hold a bundle (by their total resources) and how many are missing.
+    ``ray_nodes``: :func:`ray.nodes`'s entries (``Alive``, ``NodeManagerAddress``, ``Resources``)."""
+    need = {"CPU": gpus_per_node, **({"GPU": gpus_per_node} if gpu else {})}
+    alive = [n for n in ray_nodes if n.get("Alive")]
+    fit = [n for n in alive if all(n.get("Resources", {}).get(k, 0) >= v for k, v in need.items())]
+    addrs = ", ".join(sorted(str(n.get("NodeManagerAddress", "?")) for n in fit)) or "none"
+    want = ", ".join(f"{v} {k}" for k, v in need.items())
+    msg = (f"the check's {nodes} x {gpus_per_node} ranks could not be placed in {waited_s:.0f} s: they need {nodes} "
+           f"Ray node(s) with {want} each, one rank group per node; the cluster has {len(fit)} ({addrs}) of "
+           f"{len(alive)} alive node(s)")
+    if len(fit) < nodes:
+        msg += (f": {nodes - len(fit)} node(s) missing -- a worker pod not scheduled, not ready or lost (kubectl get "
+                "pods, the follower's causes), or placement.nodes above the worker group's replicas")
+    else:  # enough nodes exist but their resources are held (another job, leftover actors)
+        msg += ": enough nodes, but their resources are taken by other Ray work"
+    return msg
 
 
 def nccl_debug_env(environ: dict[str, str], log_file: str) -> dict[str, str]:
@@ -78,10 +108,11 @@ class _Rank:
 
 
 def run_check(nodes: int, gpus_per_node: int, *, backend: str = "nccl", sizes: Optional[list[int]] = None,
-              iters: int = 20) -> dict[str, Any]:
+              iters: int = 20, placement_timeout: float = PLACEMENT_TIMEOUT_S) -> dict[str, Any]:
     """Measure on ``nodes`` x ``gpus_per_node`` ranks of the connected Ray cluster (one GPU each; ``backend="gloo"``:
     one CPU each, no GPU); returns the report (:func:`dapo.train.fabric.judge`'s input): world, nodes, backend, sizes
-    (rank 0's rows: the all-reduced slowest times), transport, hosts."""
+    (rank 0's rows: the all-reduced slowest times), transport, hosts. Raises :class:`FabricPlacementError` when the
+    ranks cannot be placed within ``placement_timeout`` seconds."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -90,7 +121,10 @@ def run_check(nodes: int, gpus_per_node: int, *, backend: str = "nccl", sizes: O
     gpu = 1 if backend == "nccl" else 0
     bundles = [{"CPU": gpus_per_node, **({"GPU": gpus_per_node} if gpu else {})}] * nodes
     pg = placement_group(bundles, strategy="STRICT_SPREAD" if nodes > 1 else "PACK")
-    ray.get(pg.ready())
+    if not pg.wait(timeout_seconds=placement_timeout):
+        remove_placement_group(pg)
+        raise FabricPlacementError(placement_shortfall(ray.nodes(), nodes, gpus_per_node, bool(gpu),
+                                                       placement_timeout))
     Rank = ray.remote(num_cpus=1, num_gpus=gpu)(_Rank)
     actors = [Rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
         placement_group=pg, placement_group_bundle_index=r // gpus_per_node)).remote() for r in range(world)]
@@ -114,8 +148,8 @@ def run_check(nodes: int, gpus_per_node: int, *, backend: str = "nccl", sizes: O
             "sizes": results[0]["sizes"], "transport": transport}
 
 
-def check(preset: Any, expect: str, floor_gbps: Optional[float] = None,
-          log=print) -> tuple[list[str], dict[str, Any]]:
+def check(preset: Any, expect: str, floor_gbps: Optional[float] = None, log=print,
+          placement_timeout: float = PLACEMENT_TIMEOUT_S) -> tuple[list[str], dict[str, Any]]:
     """Measure on the preset's placement, print the report, judge it. Returns (the reasons the run must not train --
     empty: it may --, the wandb config entries). Logical GPUs on CPU (``placement.accelerator: cpu``) measure gloo
     over CPU ranks."""
@@ -124,7 +158,7 @@ def check(preset: Any, expect: str, floor_gbps: Optional[float] = None,
     pl = preset.placement
     backend = "gloo" if pl.accelerator == CPU_ACCELERATOR else "nccl"
     log(f"fabric check: all-reduce across {pl.nodes} x {pl.gpus_per_node} ranks before training (declared: {expect})")
-    report = run_check(pl.nodes, pl.gpus_per_node, backend=backend)
+    report = run_check(pl.nodes, pl.gpus_per_node, backend=backend, placement_timeout=placement_timeout)
     if backend == "nccl" and pl.nodes > 1 and report["nodes"] < pl.nodes:
         reasons = [f"the ranks ran on {report['nodes']} host(s) ({', '.join(report['hosts'])}), not {pl.nodes}: "
                    "the check did not cross the nodes"]
@@ -136,11 +170,12 @@ def check(preset: Any, expect: str, floor_gbps: Optional[float] = None,
 
 
 def gate(preset: Any, expect: str, floor_gbps: Optional[float], recheck: str, environ: dict[str, str], run_dir: str,
-         connect, log=print) -> tuple[bool, dict[str, Any]]:
+         connect, log=print, placement_timeout: float = PLACEMENT_TIMEOUT_S) -> tuple[bool, dict[str, Any]]:
     """``dapo train --fabric-check``, before anything else of the run: an earlier attempt's failed verdict of the same
     check ends this one at once; otherwise ``connect()`` (join Ray), measure and judge, and record a failure for the
-    retries (a pass removes an old one). ``environ``: the job's own environment (part of what makes a check the
-    same). Returns (passed, the wandb config entries)."""
+    retries (a pass removes an old one). Ranks that cannot be placed end the attempt unrecorded (the nodes, not the
+    fabric). ``environ``: the job's own environment (part of what makes a check the same). Returns (passed, the wandb
+    config entries)."""
     key = fabric_verdict.check_key(expect, floor_gbps, recheck, environ)
     earlier = fabric_verdict.read(run_dir, key)
     if earlier is not None:
@@ -148,7 +183,10 @@ def gate(preset: Any, expect: str, floor_gbps: Optional[float], recheck: str, en
         return False, {}
     connect()
     try:
-        reasons, extra = check(preset, expect, floor_gbps, log=log)
+        reasons, extra = check(preset, expect, floor_gbps, log=log, placement_timeout=placement_timeout)
+    except FabricPlacementError as exc:
+        log(f"fabric check NOT RUN: {exc}; not recorded as a verdict (a retry checks again)")
+        return False, {"fabric/declared": expect, "fabric/passed": False}
     except FabricMeasurementError as exc:
         reasons, extra = [str(exc)], {"fabric/declared": expect, "fabric/passed": False}
         log(f"fabric check FAILED: {exc}")

@@ -77,14 +77,15 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     wandb_extra: dict[str, Any] = {}
     if getattr(args, "fabric_check", None):  # first, before any model or data is touched
         from dapo.backends.verl.fabric import gate
-        from dapo.train.fabric import EXIT_FABRIC
+        from dapo.train.fabric import EXIT_FABRIC, PLACEMENT_TIMEOUT_S
 
         passed, wandb_extra = gate(preset, args.fabric_check, getattr(args, "fabric_min_busbw", None),
                                    getattr(args, "fabric_recheck", None) or "", environ,
                                    str(cfg.trainer.default_local_dir), lambda: connect(cfg, environ),
-                                   log=lambda m: print(m, flush=True))
+                                   log=lambda m: print(m, flush=True),
+                                   placement_timeout=getattr(args, "fabric_placement_timeout", PLACEMENT_TIMEOUT_S))
         if not passed:
-            print(f"dapo train: the fabric check failed; nothing trained (exit code {EXIT_FABRIC})", flush=True)
+            print(f"dapo train: the fabric check did not pass; nothing trained (exit code {EXIT_FABRIC})", flush=True)
             return EXIT_FABRIC
     else:
         connect(cfg, environ)
