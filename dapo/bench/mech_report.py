@@ -155,9 +155,9 @@ def headline_figure(dapo: list[dict], naive: list[dict], target: Optional[float]
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for name, runs in (("naive GRPO", naive), ("DAPO", dapo)):
-        _band(axes[0], runs, "val", name)
-        _band(axes[1], runs, "val_per_sample", name)
+    for rung, runs in (("naive GRPO", naive), ("DAPO", dapo)):
+        _band(axes[0], runs, "val", rung)
+        _band(axes[1], runs, "val_per_sample", rung)
     for ax, xl in zip(axes, ("rollout step", "generated responses")):
         if target is not None:
             ax.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:.3f}")
