@@ -145,9 +145,14 @@ def test_one_command_probes_runs_a_two_step_rung_pair_writes_the_report_and_reus
     pre = json.loads((out / "tiny-clip" / "preconditions.json").read_text())
     assert pre["responses"] == 8 and 0 <= pre["uniform_group_share"] <= 1 and pre["clip_probe_steps"] == 5
     assert pre["clip_high_pos_tokens"] >= 0 and len(pre["warm_start_sha256"]) == 64  # an untrained policy: no A > 0
+    # the kernels that built the warm start (another CPU type builds another one, docs/ablation.md), in the report too
+    import torch
+
+    assert pre["warm_start_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     text = (out / "mechanisms.md").read_text()
     assert "| clip-higher | tiny-clip |" in text and "mech-clip-higher.png" in text
     assert "(pre-registered)" in text and "(held-out)" in text
+    assert f"(torch's CPU kernels: {torch.backends.cpu.get_cpu_capability()})" in text
     assert (out / "mech-clip-higher.png").stat().st_size > 0
     report = json.loads((out / "mechanisms.json").read_text())
     runs = report["runs"]

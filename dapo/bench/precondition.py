@@ -151,5 +151,6 @@ def measure_preconditions(preset_name: str, overrides: list[str], assets_dir: Pa
     ws = info["assets"].warm_start if "assets" in info else {}
     out.update(preset=preset_name, max_response_length=int(r.data.max_response_length),
                prompts=int(min(n_prompts, len(train_rows))), clip_probe_steps=CLIP_PROBE_STEPS,
-               warm_start_sha256=ws.get("weights_sha256"), warm_start_threads=ws.get("threads"))  # fmt: skip
+               warm_start_sha256=ws.get("weights_sha256"), warm_start_threads=ws.get("threads"),
+               warm_start_cpu_capability=ws.get("cpu_capability"))  # fmt: skip
     return out

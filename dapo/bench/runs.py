@@ -39,9 +39,12 @@ def run_meta(command: str, results: dict[str, list[dict]], load0: float, t_start
     import os
     import platform
 
+    import torch
+
     runs = [r for rs in results.values() for r in rs]
     return (
-        f"command: `{command.strip()}`\n\nmachine: {platform.machine()}, {os.cpu_count()} CPUs, load average at start "
+        f"command: `{command.strip()}`\n\nmachine: {platform.machine()}, {os.cpu_count()} CPUs (torch's CPU kernels: "
+        f"{torch.backends.cpu.get_cpu_capability()}), load average at start "
         f"{load0:.1f}, at end {os.getloadavg()[0]:.1f}; this invocation {time.time() - t_start:.0f}s wall; the "
         f"{len(runs)} runs: {sum(r['wall_seconds'] for r in runs):.0f}s wall, "
         f"{sum(r['cpu_seconds'] for r in runs):.0f}s CPU in total\n"

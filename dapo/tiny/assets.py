@@ -130,7 +130,9 @@ def prepare(local, cache_dir: Path, log: Callable[[str], None] = print) -> TinyA
                     mistake_rate=ws.mistake_rate, seed=local.model.seed, log=log, recheck_rate=ws.recheck_rate,
                     guess_rate=ws.guess_rate, recheck_mistake_rate=ws.recheck_mistake_rate, swap_rate=ws.swap_rate,
                 )
-        info.update(threads=THREADS, torch=torch.__version__, weights_sha256=weights_digest(model))
+        # the vector kernels that built it: another CPU type builds other weights (docs/ablation.md)
+        info.update(threads=THREADS, torch=torch.__version__, cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                    weights_sha256=weights_digest(model))
         model.save_pretrained(str(d))
         tokenizer.save_pretrained(str(d))
         (d / "warm_start.json").write_text(json.dumps(info, indent=2))
