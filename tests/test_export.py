@@ -72,7 +72,12 @@ RANK_SCRIPT = textwrap.dedent(
     for k, v in fresh.state_dict().items():
         assert torch.equal(v.full_tensor(), weights[k]), k
     dist.barrier()
-    dist.destroy_process_group()
+    # done: the shard is written and read back. Leave without tearing gloo down: its teardown can abort a rank after
+    # the work is done ("terminate called without an active exception", exit -6: a gloo thread still joinable when
+    # the process group is destroyed; seen in a fresh-clone run), and a process about to exit needs no teardown
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
     """
 )
 

@@ -99,7 +99,9 @@ class _Rank:
 
         log_dir = tempfile.mkdtemp(prefix="dapo-fabric-")
         os.environ.update(nccl_debug_env(dict(os.environ), os.path.join(log_dir, "nccl.%h.%p.log")))
-        rows = fabric.run_rank(rank, world, init, backend=backend, sizes=sizes, iters=iters)
+        # no teardown: run_check kills this actor once every rank has answered, and a teardown that aborted would
+        # turn a finished measurement into a failed check (recorded, refusing the retries)
+        rows = fabric.run_rank(rank, world, init, backend=backend, sizes=sizes, iters=iters, teardown=False)
         lines: list[str] = []
         for path in sorted(glob.glob(os.path.join(log_dir, "nccl.*"))):
             with open(path, errors="replace") as f:
