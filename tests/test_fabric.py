@@ -301,3 +301,25 @@ def test_the_gate_refuses_before_connecting_and_records_a_measurement_error(tmp_
                         log=logged.append)
     assert passed and calls == ["connect", "connect"]  # a new token checks again
     assert fv.read(tmp_path, fv.check_key("efa", None, "after-fix", env)) is None
+
+
+def test_a_placement_that_is_not_ready_names_the_nodes_that_fit_and_why_it_waits():
+    from dapo.backends.verl.fabric import placement_shortfall
+
+    gpu8 = {"Alive": True, "NodeManagerAddress": "10.0.0.2", "Resources": {"CPU": 96, "GPU": 8}}
+    head = {"Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 8}}
+    dead = {"Alive": False, "NodeManagerAddress": "10.0.0.3", "Resources": {"CPU": 96, "GPU": 8}}
+    msg = placement_shortfall([head, gpu8, dead], 2, 8, True, 600)
+    assert "need 2 Ray node(s) with 8 CPU, 8 GPU each" in msg and "the cluster has 1 (10.0.0.2) of 2 alive" in msg
+    assert "1 node(s) missing" in msg
+    busy = placement_shortfall([gpu8, dict(gpu8, NodeManagerAddress="10.0.0.4")], 2, 8, True, 600)
+    assert "has 2 (10.0.0.2, 10.0.0.4)" in busy and "taken by other Ray work" in busy and "missing" not in busy
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "ten"])
+def test_a_placement_timeout_that_is_not_a_positive_number_is_refused_naming_the_flag(bad, capsys):
+    from dapo.train.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--preset", "verl-tiny", "--fabric-placement-timeout", bad])
+    assert "--fabric-placement-timeout" in capsys.readouterr().err
