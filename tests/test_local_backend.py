@@ -71,6 +71,32 @@ def test_shared_prefix_forward_equals_the_plain_forward_in_logprobs_and_gradient
     assert results[True][2] < 0.7 * results[False][2]  # the template prefix is computed once
 
 
+def test_group_shared_prompt_forward_equals_the_plain_forward_in_any_row_order(assets):
+    be = _backend(assets)
+    r = be.generate(assets[2][:5], Sampling(n=3, max_tokens=6))
+    data = r.data
+    perm = torch.randperm(len(r), generator=torch.Generator().manual_seed(3))  # groups interleaved, not contiguous
+    p_ids, p_mask = data["prompt_ids"][perm], data["prompt_mask"][perm]
+    r_ids, r_mask = data["response_ids"][perm], data["response_mask"][perm]
+    results = {}
+    for share in ((False, False), (True, True), (False, True)):
+        be.model.zero_grad()
+        logits, last, _, _, computed = prompt_forward(
+            be.model, p_ids, p_mask, r_ids, share_prefix=share[0], share_groups=share[1]
+        )
+        lp = torch.log_softmax(logits[:, last : last + r_ids.shape[1]], -1).gather(-1, r_ids[..., None]).squeeze(-1)
+        (lp * r_mask * torch.linspace(-1, 1, len(perm))[:, None]).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in be.model.parameters()])
+        results[share] = (lp.detach(), grads, computed)
+    plain = results[(False, False)]
+    for share in ((True, True), (False, True)):
+        torch.testing.assert_close(results[share][0], plain[0], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(results[share][1], plain[1], atol=2e-5, rtol=1e-4)
+    width, tail = p_mask.sum(1).max().item(), r_ids.numel()
+    assert results[(False, True)][2] == 5 * width + tail  # each of the 5 prompts computed once, not 3 times
+    assert results[(True, True)][2] < results[(False, True)][2]  # and the template prefix once for all
+
+
 def test_generation_masks_after_eos_and_flags_truncated_responses(assets):
     be = _backend(assets)
     eos = be.tokenizer.eos_token_id

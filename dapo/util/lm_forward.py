@@ -44,6 +44,7 @@ def prompt_forward(
     tail_ids: Optional[torch.Tensor] = None,
     *,
     share_prefix: bool = True,
+    share_groups: bool = False,
     min_prefix: int = 8,
     use_cache: bool = False,
 ):
@@ -57,6 +58,11 @@ def prompt_forward(
     this exactly the full computation (prefix tokens never see later tokens), at a fraction of the cost when the
     template dominates the prompt -- prefix caching, as vLLM does for generation, applied to training too.
 
+    Shared prompts (``share_groups``, with a ``tail``): rows whose prompts are identical -- a GRPO group, ``n``
+    responses to one prompt -- run that prompt once; its key/value cache is gathered to every row of the group
+    (differentiably, as the prefix's) and only the tails are computed per row. Also exact by causality; a batch of
+    16 prompts x 8 responses computes each prompt once instead of 8 times.
+
     Returns ``(logits [B, S + T, V], last_prompt_index, cache, attention_mask, tokens)`` where
     ``logits[:, last_prompt_index + t]`` predicts ``tail[:, t]``, ``attention_mask`` covers the cache (prefix
     included) plus the new tokens, and ``tokens`` counts the positions actually computed (padding included).
@@ -66,16 +72,10 @@ def prompt_forward(
     p_ids, p_mask = p_ids[:, p_ids.shape[1] - keep :], p_mask[:, p_mask.shape[1] - keep :]
     B = p_ids.shape[0]
     lc = common_prefix_len(p_ids, p_mask) if share_prefix else 0
-    cache = None
+    prefix = None
     if lc >= min_prefix:
         start0 = keep - int(p_mask[0].sum())
         prefix = p_ids[:1, start0 : start0 + lc]
-        pre = model(
-            input_ids=prefix, attention_mask=torch.ones_like(prefix), position_ids=torch.arange(lc, device=dev)[None],
-            use_cache=True,
-        )
-        cache = pre.past_key_values
-        cache.batch_repeat_interleave(B)
         lens = p_mask.sum(1)
         width = int((lens - lc).max())
         block, cols = p_ids[:, keep - width :], torch.arange(keep - width, keep, device=dev)
@@ -84,6 +84,21 @@ def prompt_forward(
     else:
         lc, width, block, block_mask = 0, keep, p_ids, p_mask.long()
         head_mask = torch.zeros((B, 0), dtype=torch.long, device=dev)
+    first = inv = None
+    if share_groups and tail_ids is not None and B > 1:
+        first, inv = _distinct_rows(torch.cat([block, block_mask], dim=1))
+        if len(first) == B:
+            first = inv = None
+    cache = None
+    if prefix is not None:
+        pre = model(
+            input_ids=prefix, attention_mask=torch.ones_like(prefix), position_ids=torch.arange(lc, device=dev)[None],
+            use_cache=True,
+        )
+        cache = pre.past_key_values
+        cache.batch_repeat_interleave(B if first is None else len(first))
+    if first is not None:
+        return _group_forward(model, block, block_mask, head_mask, tail_ids, cache, first, inv, lc, use_cache)
     ids = block if tail_ids is None else torch.cat([block, tail_ids], dim=1)
     mask = torch.cat([head_mask, block_mask] + ([] if tail_ids is None else [torch.ones_like(tail_ids)]), dim=1)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, lc:]
@@ -92,3 +107,36 @@ def prompt_forward(
         use_cache=use_cache or cache is not None,
     )
     return out.logits, width - 1, (out.past_key_values if use_cache else None), mask, lc + ids.numel()
+
+
+def _group_forward(model, block, block_mask, head_mask, tail_ids, cache, first, inv, lc: int, use_cache: bool):
+    """:func:`prompt_forward` with shared group prompts: each distinct prompt row (``block[first]``, after the
+    ``lc``-token prefix whose ``cache`` has ``len(first)`` rows) once, its cache gathered to the rows ``inv`` maps to
+    it, then every row's tail; the same return value."""
+    width = block.shape[1]
+    p_mask = torch.cat([head_mask[first], block_mask[first]], dim=1)
+    out = model(
+        input_ids=block[first], attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0)[:, lc:],
+        past_key_values=cache, use_cache=True,
+    )
+    cache = out.past_key_values
+    cache.batch_select_indices(inv)
+    mask = torch.cat([p_mask[inv], torch.ones_like(tail_ids)], dim=1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, lc + width :]
+    tail = model(input_ids=tail_ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    logits = torch.cat([out.logits[inv], tail.logits], dim=1)
+    computed = lc + len(first) * width + tail_ids.numel()
+    return logits, width - 1, (tail.past_key_values if use_cache else None), mask, computed
+
+
+def _distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, inv)``: the index of each distinct row's first occurrence, in order of appearance, and for every row
+    the position of its distinct row in ``first`` (``rows[first][inv] == rows``)."""
+    B = rows.shape[0]
+    _, inv = torch.unique(rows, dim=0, return_inverse=True)
+    first = torch.full((int(inv.max()) + 1,), B, dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, inv, torch.arange(B, device=rows.device), reduce="amin")
+    first, order = first.sort()
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order), device=rows.device)
+    return first, rank[inv]

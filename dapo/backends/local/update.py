@@ -56,7 +56,8 @@ class PolicyUpdate:
     """Log-probs and the DAPO policy update (module docstring); a mixin of ``LocalBackend``."""
 
     def _forward_response(self, data: dict[str, torch.Tensor], idx: torch.Tensor, temperature: float, model=None):
-        """Logits (/ temperature) aligned with the response tokens of rows ``idx``, trimmed to the needed width."""
+        """Logits (/ temperature) aligned with the response tokens of rows ``idx``, trimmed to the needed width; the
+    template prefix and each group's prompt computed once (:func:`dapo.util.lm_forward.prompt_forward`)."""
         r_ids, r_mask = data["response_ids"][idx], data["response_mask"][idx]
         keep_r = max(1, int(r_mask.sum(1).max()))
         r_ids, r_mask = r_ids[:, :keep_r].to(self.device), r_mask[:, :keep_r].to(self.device)
@@ -64,7 +65,7 @@ class PolicyUpdate:
             logits, last, _, _, computed = prompt_forward(
                 model if model is not None else self.model, data["prompt_ids"][idx].to(self.device),
                 data["prompt_mask"][idx].to(self.device), r_ids,
-                share_prefix=self.share_prefix,
+                share_prefix=self.share_prefix, share_groups=self.share_prefix,
             )
         self._computed_tokens += computed
         logits = logits[:, last : last + keep_r].float()
