@@ -84,11 +84,11 @@ def prompt_forward(
     else:
         lc, width, block, block_mask = 0, keep, p_ids, p_mask.long()
         head_mask = torch.zeros((B, 0), dtype=torch.long, device=dev)
-    first = inv = None
+    groups = None
     if share_groups and tail_ids is not None and B > 1:
-        first, inv = _distinct_rows(torch.cat([block, block_mask], dim=1))
-        if len(first) == B:
-            first = inv = None
+        distinct, inv = torch.unique(torch.cat([block, block_mask], dim=1), dim=0, return_inverse=True)
+        if len(distinct) < B:
+            groups = (distinct[:, :width], distinct[:, width:], inv)
     cache = None
     if prefix is not None:
         pre = model(
@@ -96,47 +96,35 @@ def prompt_forward(
             use_cache=True,
         )
         cache = pre.past_key_values
-        cache.batch_repeat_interleave(B if first is None else len(first))
-    if first is not None:
-        return _group_forward(model, block, block_mask, head_mask, tail_ids, cache, first, inv, lc, use_cache)
+        cache.batch_repeat_interleave(B if groups is None else len(groups[0]))
+    if groups is not None:
+        return _group_forward(model, *groups, head_mask, tail_ids, cache, lc, use_cache)
     ids = block if tail_ids is None else torch.cat([block, tail_ids], dim=1)
     mask = torch.cat([head_mask, block_mask] + ([] if tail_ids is None else [torch.ones_like(tail_ids)]), dim=1)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, lc:]
     out = model(
-        input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+        input_ids=ids, attention_mask=mask, position_ids=_positions(mask)[:, lc:], past_key_values=cache,
         use_cache=use_cache or cache is not None,
     )
     return out.logits, width - 1, (out.past_key_values if use_cache else None), mask, lc + ids.numel()
 
 
-def _group_forward(model, block, block_mask, head_mask, tail_ids, cache, first, inv, lc: int, use_cache: bool):
-    """:func:`prompt_forward` with shared group prompts: each distinct prompt row (``block[first]``, after the
-    ``lc``-token prefix whose ``cache`` has ``len(first)`` rows) once, its cache gathered to the rows ``inv`` maps to
-    it, then every row's tail; the same return value."""
-    width = block.shape[1]
-    p_mask = torch.cat([head_mask[first], block_mask[first]], dim=1)
-    out = model(
-        input_ids=block[first], attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0)[:, lc:],
-        past_key_values=cache, use_cache=True,
-    )
+def _group_forward(model, prompts, prompt_mask, inv, head_mask, tail_ids, cache, lc: int, use_cache: bool):
+    """:func:`prompt_forward` with shared group prompts: each distinct prompt row (``prompts``, after the ``lc``-token
+    prefix whose ``cache`` has one row per distinct prompt) once, its cache gathered to the rows ``inv`` maps to it,
+    then every row's tail; the same return value."""
+    G, width = prompts.shape
+    p_mask = torch.cat([head_mask[:G], prompt_mask], dim=1)
+    out = model(input_ids=prompts, attention_mask=p_mask, position_ids=_positions(p_mask)[:, lc:],
+                past_key_values=cache, use_cache=True)  # fmt: skip
     cache = out.past_key_values
     cache.batch_select_indices(inv)
     mask = torch.cat([p_mask[inv], torch.ones_like(tail_ids)], dim=1)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, lc + width :]
-    tail = model(input_ids=tail_ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    tail = model(input_ids=tail_ids, attention_mask=mask, position_ids=_positions(mask)[:, lc + width :],
+                 past_key_values=cache, use_cache=True)  # fmt: skip
     logits = torch.cat([out.logits[inv], tail.logits], dim=1)
-    computed = lc + len(first) * width + tail_ids.numel()
-    return logits, width - 1, (tail.past_key_values if use_cache else None), mask, computed
+    return logits, width - 1, (tail.past_key_values if use_cache else None), mask, lc + G * width + tail_ids.numel()
 
 
-def _distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(first, inv)``: the index of each distinct row's first occurrence, in order of appearance, and for every row
-    the position of its distinct row in ``first`` (``rows[first][inv] == rows``)."""
-    B = rows.shape[0]
-    _, inv = torch.unique(rows, dim=0, return_inverse=True)
-    first = torch.full((int(inv.max()) + 1,), B, dtype=torch.long, device=rows.device)
-    first = first.scatter_reduce(0, inv, torch.arange(B, device=rows.device), reduce="amin")
-    first, order = first.sort()
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(len(order), device=rows.device)
-    return first, rank[inv]
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of every column of a left-padded attention mask (padding at 0)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)

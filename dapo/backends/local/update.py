@@ -57,7 +57,7 @@ class PolicyUpdate:
 
     def _forward_response(self, data: dict[str, torch.Tensor], idx: torch.Tensor, temperature: float, model=None):
         """Logits (/ temperature) aligned with the response tokens of rows ``idx``, trimmed to the needed width; the
-    template prefix and each group's prompt computed once (:func:`dapo.util.lm_forward.prompt_forward`)."""
+        template prefix and each group's prompt computed once (:func:`dapo.util.lm_forward.prompt_forward`)."""
         r_ids, r_mask = data["response_ids"][idx], data["response_mask"][idx]
         keep_r = max(1, int(r_mask.sum(1).max()))
         r_ids, r_mask = r_ids[:, :keep_r].to(self.device), r_mask[:, :keep_r].to(self.device)
