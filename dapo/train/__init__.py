@@ -16,7 +16,7 @@
   read from its log, the verdict against the declared fabric; ``dapo train --fabric-check``), and the failed verdict
   the run's retries read first instead of checking again (:mod:`~dapo.train.fabric_verdict`).
 
-Imports the core, ``dapo.util``, ``dapo.config``, ``dapo.data`` and ``dapo.eval`` (a report draws evaluation
+It may import the core, ``dapo.util``, ``dapo.config``, ``dapo.data`` and ``dapo.eval`` (a report draws evaluation
 results beside the training curves); the loop sees a backend only through :mod:`dapo.backends.base`, and only the
 command line (:mod:`dapo.train.cli`) picks one. Importing the package imports nothing.
 """
