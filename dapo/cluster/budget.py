@@ -14,7 +14,7 @@ record, the old one kept as ``failures-<old uid>.json``. Written whole (:func:`d
 so a follower restarted in another pod goes on where the last one stopped: what it acknowledged, which KubeRay
 failures it has counted, which nodes it left out.
 
-Standard library only; imports :mod:`dapo.train.attempts`.
+Standard library only.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ containers, init containers and tolerations only: a changed affinity neither inv
 is restored when Kueue stops the job (``RestorePodSetsInfo`` restores node selectors, labels, annotations and
 tolerations).
 
-Pure functions of plain data (Kubernetes objects as JSON); imports :mod:`dapo.cluster.waits`.
+Pure functions of plain data (Kubernetes objects as JSON).
 """
 
 from __future__ import annotations
