@@ -80,15 +80,15 @@ def run_dir_of(preset, args: argparse.Namespace) -> Path:
     return Path(run_dir(preset))
 
 
-def _run(preset, args: argparse.Namespace, verl_overrides: list[str]) -> int:
+def _run(preset, args: argparse.Namespace, verl_overrides: list[str], run_dir: Path) -> int:
     try:
         if preset.placement.backend == "local":
             from dapo.backends.local.run import run as run_backend
 
-            return int(run_backend(preset, args) or 0)
+            return int(run_backend(preset, args, run_dir) or 0)
         from dapo.backends.verl.run import run as run_backend
 
-        return int(run_backend(preset, args, verl_overrides) or 0)
+        return int(run_backend(preset, args, verl_overrides, str(run_dir)) or 0)
     except ConfigError as exc:
         print(f"dapo train: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -111,15 +111,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"overrides {verl_overrides} are not preset keys (recipe./placement./local.) and the "
                 f"preset {preset.name!r} runs on the local backend, which has no verl config"
             )
-        log_dir = None if args.dry_run or args.no_attempt_log else run_dir_of(preset, args) / "logs"
+        run_dir = run_dir_of(preset, args)  # worked out once: the backend runs there, the attempt logs go there
     except ConfigError as exc:
         print(f"dapo train: configuration error: {exc}", file=sys.stderr)
         return 2
-    if log_dir is None:
-        return _run(preset, args, verl_overrides)
+    if args.dry_run or args.no_attempt_log:
+        return _run(preset, args, verl_overrides, run_dir)
     from dapo.train.runlog import run_logged
 
-    return run_logged(log_dir, lambda: _run(preset, args, verl_overrides), prog="dapo train",
+    return run_logged(run_dir / "logs", lambda: _run(preset, args, verl_overrides, run_dir), prog="dapo train",
                       header=f"dapo train --preset {args.preset} {' '.join(args.overrides)}".rstrip())
 
 

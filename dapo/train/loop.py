@@ -49,7 +49,7 @@ from dapo.train.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED, HealthGu
 from dapo.train.metrics import MetricsLogger, format_step_line, val_accuracy
 from dapo.train.step_metrics import batch_metrics, generation_metrics, timing_metrics
 from dapo.train.resume import Resumable
-from dapo.train.stream import PromptStream
+from dapo.train.stream import PromptStream, rollout_steps
 from dapo.train.validation import Validation, cpu_seconds
 from dapo.reward import score_responses
 from dapo.sampler import DynamicSampler, DynamicSamplingError
@@ -78,6 +78,7 @@ class DAPOLoop(Validation, Resumable):
         *,
         progress: bool = True,
         log: Optional[Callable[[str], None]] = None,
+        total_steps: Optional[int] = None,
     ):
         self.preset = preset
         r = self.recipe = preset.recipe
@@ -89,15 +90,8 @@ class DAPOLoop(Validation, Resumable):
         self._log = log
         d, fg, t = r.data, r.filter_groups, r.trainer
         self.gen_batch_size = d.gen_batch_size or d.train_batch_size
-        if t.total_training_steps is not None:
-            self.total_steps = int(t.total_training_steps)
-        else:
-            per_epoch = len(train_rows) // self.gen_batch_size
-            if per_epoch < 1:
-                raise ValueError(
-                    f"{len(train_rows)} training prompts are fewer than one generation batch ({self.gen_batch_size})"
-                )
-            self.total_steps = per_epoch * t.total_epochs
+        # the caller's count when it has one (the verl backend sizes its LR schedule by it): stream.rollout_steps
+        self.total_steps = rollout_steps(r, len(train_rows)) if total_steps is None else int(total_steps)
         if self.gen_batch_size > len(train_rows):
             raise ValueError(
                 f"recipe.data.gen_batch_size ({self.gen_batch_size}) exceeds the {len(train_rows)} training prompts"
