@@ -145,7 +145,7 @@ class RayJobApi:
                 return None
             if exc.code in (401, 403):
                 raise ApiUnavailable(f"HTTP {exc.code} for GET {url}: the service account may not {what} "
-                                     "(logs.rbac.create, docs/deploy.md)") from None
+                                     "(logs.rbac.create, docs/follow.md)") from None
             raise OSError(f"HTTP {exc.code} for GET {url}") from None
         except ValueError as exc:  # not JSON
             raise OSError(f"GET {url}: unreadable answer ({exc})") from None
