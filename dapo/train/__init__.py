@@ -14,9 +14,11 @@
   (:mod:`dapo.train.cli`);
 - the fabric check before training (:mod:`~dapo.train.fabric`: the all-reduce bus bandwidth, the network NCCL chose
   read from its log, the verdict against the declared fabric; ``dapo train --fabric-check``), and the failed verdict
-  the run's retries read first instead of checking again (:mod:`~dapo.train.fabric_verdict`).
+  the run's retries read first instead of checking again (:mod:`~dapo.train.fabric_verdict`);
+- what an attempt leaves for the next one and for the log follower -- its progress, its end record, the run's final
+  verdict, and ``dapo train``'s exit codes (:mod:`~dapo.train.attempts`).
 
-Imports the core, ``dapo.util``, ``dapo.config``, ``dapo.data`` and ``dapo.eval`` (a report draws evaluation
+It may import the core, ``dapo.util``, ``dapo.config``, ``dapo.data`` and ``dapo.eval`` (a report draws evaluation
 results beside the training curves); the loop sees a backend only through :mod:`dapo.backends.base`, and only the
 command line (:mod:`dapo.train.cli`) picks one. Importing the package imports nothing.
 """

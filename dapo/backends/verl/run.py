@@ -9,16 +9,11 @@ checkpoints there -- and the tiny model and task built for ``builtin:tiny``; for
 platform of :mod:`dapo.backends.verl.cpu`), :func:`connect` joins or starts Ray with the run's runtime env
 (:func:`ray_init_kwargs`). :func:`resume_step` and :func:`reseed_rollout_for_resume` seed the vLLM engines of a
 resumed run by its resume step.
-
-Imports this package's ``backend``, ``settings`` and ``workers``, :func:`dapo.data.files.read_rows` (the prompt rows,
-read as on the local backend), and lazily ``config``, ``loss``, the CPU platform's entry point, :mod:`dapo.tiny.assets`,
-the loop and the checkpoint helpers; it sits on top of the package (no module of it imports this one).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -26,7 +21,7 @@ from typing import Any, Optional
 from dapo.backends.verl.backend import VerlBackend
 from dapo.backends.verl.settings import CPU_ACCELERATOR, CPU_ENV
 from dapo.backends.verl.workers import RayWorkers
-from dapo.config import ConfigError, Preset
+from dapo.config import ConfigError, Preset, run_dir
 from dapo.data.files import read_rows
 
 __all__ = ["describe", "run", "prepare", "connect", "on_this_machine", "resume_step", "reseed_rollout_for_resume"]
@@ -133,16 +128,9 @@ def connect(cfg: Any, environ: dict[str, str]) -> None:
 
 
 def run_dir_of(preset: Preset) -> str:
-    """``recipe.trainer.default_local_dir`` with its ``${trainer.*}`` references resolved (as verl resolves them) and
-    made absolute: the driver and every worker (whose working directories differ) write checkpoints there."""
-    from omegaconf import OmegaConf
-
-    trainer = dataclasses.asdict(preset.recipe.trainer)
-    try:
-        path = OmegaConf.create({"trainer": trainer}).trainer.default_local_dir
-    except Exception as exc:  # an interpolation naming a key trainer.* does not have
-        raise ConfigError(f"recipe.trainer.default_local_dir ({trainer['default_local_dir']!r}): {exc}") from exc
-    return os.path.abspath(str(path))
+    """``recipe.trainer.default_local_dir`` with its ``${trainer.*}`` references resolved (:func:`dapo.config.run_dir`)
+    and made absolute: the driver and every worker (whose working directories differ) write checkpoints there."""
+    return os.path.abspath(run_dir(preset))
 
 
 def on_this_machine(preset: Preset, build: bool) -> Preset:
