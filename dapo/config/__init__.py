@@ -50,6 +50,7 @@ from dapo.config.schema import (
     TinyModelSpec,
     TrainerConfig,
     WarmStartSpec,
+    WatchdogConfig,
 )
 
 __all__ = [
@@ -58,5 +59,5 @@ __all__ = [
     "HEALTH_GUARDS", "KL_PENALTIES", "LOSS_AGG_MODES", "ActorConfig", "AlgorithmConfig", "ConfigError", "DataConfig",
     "FilterGroupsConfig", "HealthConfig", "LocalConfig", "ModelConfig", "OptimConfig", "OverlongBufferConfig",
     "ParallelConfig", "PlacementConfig", "Preset", "RecipeConfig", "RewardConfig", "RolloutConfig", "SamplingConfig",
-    "TaskSpec", "TinyModelSpec", "TrainerConfig", "WarmStartSpec",
+    "TaskSpec", "TinyModelSpec", "TrainerConfig", "WarmStartSpec", "WatchdogConfig",
 ]

@@ -90,6 +90,10 @@ METRICS: dict[str, str] = {
         "mean probability of the sampled tokens under the sampling distribution, all generated responses"
     ),
     "train/num_filtered_responses": "responses dropped from the loss by overlong filtering (when enabled)",
+    # the attempt's own checks (dapo.train.ending): recorded every step, 0 on every sane step
+    "health/nonfinite": "how many of the step's loss, gradient norm, entropy, KL and reward checks were not finite "
+                        "(a non-finite step ends the attempt before it is saved)",
+    "health/nonfinite_rewards": "responses generated this step whose reward was not finite",
     "training/global_step": "rollout step (verl name)",
     "training/epoch": "pass over the training prompts (verl name)",
     # validation (verl names)

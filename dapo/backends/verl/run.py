@@ -97,7 +97,8 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     reseed_rollout_for_resume(cfg, resume_step(preset, run_dir))
     workers = RayWorkers(cfg, total_steps, verl_agreement=preset.recipe.reward.verl_agreement)
     backend = VerlBackend(cfg, preset, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
-    loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False))
+    loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False),
+                    ending=getattr(args, "attempt_end", None), watchdog=getattr(args, "watchdog", None))
     loop.wandb_extra = wandb_extra
     try:
         return int(loop.fit() or 0)
