@@ -132,6 +132,10 @@ class AttemptEnd:
         """Record the end (and the verdict when ``final``), wait for the follower, say what happens next; returns
         the exit code of ``cause``."""
         nodes = [dict(n) for n in nodes]
+        suspects = getattr(self.backend, "suspect_nodes", None)
+        for n in (suspects() if suspects is not None and cause != "complete" else []):
+            if n not in nodes:
+                nodes.append(dict(n))
         if final:
             attempts.write_verdict(self.run_dir, key=self.key, cause=cause, message=message, step=step,
                                    attempt=self.attempt, nodes=nodes)

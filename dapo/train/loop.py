@@ -238,6 +238,7 @@ class DAPOLoop(Fit, Validation, Resumable):
         metrics.update(timing_metrics(timing, step_s, None if prompts is None else float(np.sum(prompts)),
                                       float(np.sum(batch.response_length)), self.backend.n_gpus))
         metrics.update(self.backend.fit_metrics(batch, adv, {**timing, "step": step_s}))  # verl's own functions
+        metrics.update(self.backend.rank_metrics(step))  # the ranks' compute probe: a slow node shows here
         return metrics
 
     def generate(self) -> Rollout:

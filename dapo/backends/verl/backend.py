@@ -376,5 +376,17 @@ class VerlBackend(Backend):
             self.step = int(kv.get("step", self.step))
             self._next_gid = int(kv.get("next_gid", self._next_gid))
 
+    # -- the ranks (dapo.backends.verl.ranks; set by dapo.backends.verl.run) ----------------------------------------
+    ranks: Any = None
+
+    def rank_metrics(self, step: int) -> dict[str, float]:
+        return self.ranks.probe(step) if self.ranks is not None else {}
+
+    def request_stacks(self, dest: Any, header: str) -> list[dict[str, Any]]:
+        return self.ranks.stacks(dest, header) if self.ranks is not None else []
+
+    def suspect_nodes(self) -> list[dict[str, Any]]:
+        return self.ranks.suspects() if self.ranks is not None else []
+
     def close(self) -> None:
         self.workers.close()
