@@ -1,6 +1,6 @@
 """The preset schema: the typed dataclasses of one DAPO run -- a *recipe* (what to train) + a *placement* (where) +
 the local backend's specifics (:class:`Preset`). Plain ``dataclasses`` with defaults; :mod:`dapo.config.loader` fills
-them strictly from YAML, :mod:`dapo.config.rules` checks the cross-field rules. Imports nothing of the project.
+them strictly from YAML, :mod:`dapo.config.rules` checks the cross-field rules.
 """
 
 from __future__ import annotations

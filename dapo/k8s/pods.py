@@ -1,8 +1,6 @@
 """The Ray pods of a RayJob: head and worker group templates, their containers (environment, lifecycle,
 securityContext), volumes and mounts, and the head's init containers (fix-ownership, data-prepare, model-fetch) --
 the chart's ``dapo.rayJob`` pod parts.
-
-Imports :mod:`dapo.k8s.context`, :mod:`dapo.k8s.presets`, :mod:`dapo.k8s.security` and :mod:`dapo.k8s.values`.
 """
 
 from __future__ import annotations

@@ -28,8 +28,6 @@ letters, digits and ``_.,:/@%+=-`` (plus ``[ ]`` of lists). Anything else is ref
 replaces them (and any user override of a generated key) in place, and appends overrides of other keys -- Helm does
 the same with the generated file (``charts/dapo/reference/<preset>.yaml``). :mod:`dapo.reference.command` builds the
 command line (overrides, entrypoint, ``python -m dapo.reference``) from this translation.
-
-Imports :mod:`dapo.config` only.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@
   (:mod:`~dapo.train.watchdog`) and the ways it ends on purpose: stalled, non-finite, a full volume, a final verdict
   (:mod:`~dapo.train.ending`).
 
-Imports the core, ``dapo.util``, ``dapo.config``, ``dapo.data`` and ``dapo.eval`` (a report draws evaluation
+It may import the core, ``dapo.util``, ``dapo.config``, ``dapo.data`` and ``dapo.eval`` (a report draws evaluation
 results beside the training curves); the loop sees a backend only through :mod:`dapo.backends.base`, and only the
 command line (:mod:`dapo.train.cli`) picks one. Importing the package imports nothing.
 """

@@ -24,7 +24,7 @@ a fallback or a fabric running on a fraction of its NICs, not a 20% regression: 
 
 This module measures and judges (torch.distributed, any backend: NCCL on GPUs, gloo on CPU for the tests); the
 processes come from the verl backend's Ray actors (:mod:`dapo.backends.verl.fabric`) or, for one rank by hand,
-``python -m dapo.train.fabric --rank R --world N --init tcp://HOST:PORT``. Imports torch only.
+``python -m dapo.train.fabric --rank R --world N --init tcp://HOST:PORT``.
 """
 
 from __future__ import annotations

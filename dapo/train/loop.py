@@ -28,8 +28,6 @@ state and resume :mod:`dapo.train.resume`'s.
 Overlong *filtering* (``reward.overlong_filter``) drops truncated responses from the loss (``loss_mask``); the soft
 overlong *punishment* is part of the reward. The learning-rate schedule (warm-up then constant) is the backend's
 (verl's ``constant`` schedule with ``lr_warmup_steps``).
-
-Imports the core, ``dapo.train.*`` and :mod:`dapo.backends.base` only: a backend is what the caller passes in.
 """
 
 from __future__ import annotations

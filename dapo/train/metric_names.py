@@ -14,8 +14,6 @@ backend with their framework-free restatement (:mod:`dapo.train.step_metrics`). 
 The extra DAPO health metrics are ``actor/mean_prob``, ``train/kept_group_ratio`` and the ``train/gen_*`` statistics of
 *all* generated responses (before dynamic sampling filters them; verl's ``critic/score/mean`` is over the filtered
 training batch, which dynamic sampling biases towards 0).
-
-Imports nothing of the project.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@
 - ``_log_pending``: the log record of a step whose checkpoint was written just before a kill.
 
 It uses the loop's ``backend``, ``recipe``, ``run_dir``, ``ckpt_root``, ``stream``, ``sampler``, ``health``, ``step``,
-``total_steps``, ``val_rows``, ``log``, ``validate`` and ``_cadence``. Imports numpy, :mod:`dapo.backends.base` and
-``dapo.train.*``.
+``total_steps``, ``val_rows``, ``log``, ``validate`` and ``_cadence``.
 """
 
 from __future__ import annotations

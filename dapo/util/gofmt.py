@@ -1,6 +1,6 @@
 """Values printed the way Go (and so Helm's templates) print them, so the chart and its Python twins
 (:mod:`dapo.k8s`, :mod:`dapo.reference`) say the same thing byte for byte: ``strconv.Quote``, ``printf "%q"``, and
-the template function ``toString``. Imports nothing of the project.
+the template function ``toString``.
 """
 
 from __future__ import annotations

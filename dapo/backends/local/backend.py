@@ -10,8 +10,7 @@ verl backend runs on a cluster). It holds the model, tokenizer, optimizer and sa
   weights as a HF model directory (``actor/``, loadable with ``from_pretrained``) and the optimizer, scheduler and
   sampling-generator states (``actor_state.pt``).
 
-:func:`dapo.backends.local.run.run` is the ``dapo train`` entrypoint for ``placement.backend: local``. Imports torch,
-transformers (lazily), :mod:`dapo.backends.base` and the two halves above.
+:func:`dapo.backends.local.run.run` is the ``dapo train`` entrypoint for ``placement.backend: local``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 Reads the DAPO-schema parquet files (:func:`dapo.data.files.read_rows`, as the verl backend does), builds the tiny
 assets for ``recipe.model.path: builtin:tiny``, constructs :class:`dapo.backends.local.backend.LocalBackend` and runs
-:class:`dapo.train.loop.DAPOLoop` on it. Imports the local backend, :mod:`dapo.tiny.assets` and the loop (both lazily).
+:class:`dapo.train.loop.DAPOLoop` on it.
 """
 
 from __future__ import annotations

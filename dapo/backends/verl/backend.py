@@ -25,8 +25,7 @@ Weights: one actor -> vLLM sync per step, in verl's fit() order -- generate, sle
 reference log-probs with ``use_kl_loss``), update, save (when due), then ``update_weights`` before the next generation
 or validation. The backend tracks the step whose weights the replicas hold apart from whether they are awake.
 
-Imports: the loop's interface (:mod:`dapo.backends.base`), :mod:`dapo.config`, :mod:`dapo.loss`, and this package's
-``batch`` and ``workers``. The ``dapo train`` entrypoint is :mod:`dapo.backends.verl.run`.
+The ``dapo train`` entrypoint is :mod:`dapo.backends.verl.run`.
 """
 
 from __future__ import annotations

@@ -9,10 +9,6 @@ checkpoints there -- and the tiny model and task built for ``builtin:tiny``; for
 platform of :mod:`dapo.backends.verl.cpu`), :func:`connect` joins or starts Ray with the run's runtime env
 (:func:`ray_init_kwargs`). :func:`resume_step` and :func:`reseed_rollout_for_resume` seed the vLLM engines of a
 resumed run by its resume step.
-
-Imports this package's ``backend``, ``settings`` and ``workers``, :func:`dapo.data.files.read_rows` (the prompt rows,
-read as on the local backend), and lazily ``config``, ``loss``, the CPU platform's entry point, :mod:`dapo.tiny.assets`,
-the loop and the checkpoint helpers; it sits on top of the package (no module of it imports this one).
 """
 
 from __future__ import annotations

@@ -8,9 +8,6 @@ from them is :mod:`dapo.backends.verl.config`; which other verl keys a user may 
 
 :data:`LOSS_MODULE` names the module that registers the DAPO loss in verl (:mod:`dapo.backends.verl.loss`); the
 table puts it in every Ray process's runtime env (``VERL_USE_EXTERNAL_MODULES``).
-
-Imports :mod:`dapo.config` and the CPU platform's entry point (:mod:`dapo.backends.verl.cpu.plugin`, standard library
-only).
 """
 
 from __future__ import annotations
