@@ -341,13 +341,11 @@ def _our_settings(w: _Writer, preset: Preset) -> None:
     not_passed("recipe.actor.token_mean_scope", a.token_mean_scope,
                "chooses how OUR loop normalises the token-mean; the reference stack always uses its own "
                "per-micro-batch mean (docs/fidelity.md, deviations beyond config keys)")
-    for group, keys, why in (
-            ("health", ("entropy_min", "starving_gen_batches", "clip_ratio_max", "patience"), "a threshold of our "
-             "loop's health warnings; the reference trainer has no health guards"),
-            ("watchdog", [f.name for f in dataclasses.fields(t.watchdog)], "a budget of our loop's progress watchdog; "
-             "the reference trainer has none")):
-        for key in keys:
-            not_passed(f"recipe.trainer.{group}.{key}", getattr(getattr(t, group), key), why)
+    for key in ("entropy_min", "starving_gen_batches", "clip_ratio_max", "patience"):
+        not_passed(f"recipe.trainer.health.{key}", getattr(t.health, key),
+                   "a threshold of our loop's health warnings; the reference trainer has no health guards")
+    for f in dataclasses.fields(t.watchdog):  # the reference trainer has no watchdog (dapo.train.watchdog)
+        not_passed(f"recipe.trainer.watchdog.{f.name}", getattr(t.watchdog, f.name), "a budget of our loop's watchdog")
     if a.use_kl_loss:
         put("actor_rollout_ref.actor.kl_loss_type", a.kl_loss_type, "recipe.actor.kl_loss_type")
     else:
