@@ -120,6 +120,10 @@ def _run(preset, args: argparse.Namespace, verl_overrides: list[str]) -> int:
     except ConfigError as exc:
         print(f"dapo train: configuration error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a crash: recorded (with the nodes it names) for the follower, then the traceback
+        if ending is not None:
+            ending.crashed(exc)
+        raise
     finally:
         if watchdog is not None:
             watchdog.stop()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import sys
 import threading
@@ -159,6 +160,22 @@ class AttemptEnd:
         self.log(text)
         return self.finish("verdict", text, step=int(verdict.get("step") or 0), final=True,
                            nodes=verdict.get("nodes") or [])
+
+    def crashed(self, exc: BaseException) -> None:
+        """An exception ends the attempt (its traceback goes to the attempt log as usual): the end record names
+        the nodes the error text names -- Ray's ActorDiedError gives the dead worker's ``pid`` and ``ip`` (and a dead
+        node's id), which the backend maps to a rank and its Kubernetes node where it knows them."""
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        nodes = []
+        pid, ip, ray_node = (re.search(rx, text) for rx in (r"\bpid: (\d+)", r"\bip: ([\w.:-]+)",
+                                                             r"(?i)\bnode[ _]id:? ([0-9a-f]{16,})"))
+        if pid or ip or ray_node:
+            known = getattr(self.backend, "node_of", None)
+            entry = known(int(pid.group(1)) if pid else None) if known is not None else None
+            nodes.append(dict(entry or attempts.node_entry(None, why=""), ip=ip.group(1) if ip else None,
+                              ray_node_id=ray_node.group(1) if ray_node else None,
+                              why=f"named by the error that ended the attempt: {text.splitlines()[0][:200]}"))
+        self.finish("error", text[:2000], step=self.step_of() + 1, nodes=nodes)
 
     # -- the causes ---------------------------------------------------------------------------------------------------
     def stall(self, phase: str, elapsed: float, budget: float) -> None:

@@ -384,6 +384,9 @@ class VerlBackend(Backend):
     def request_stacks(self, dest: Any, header: str) -> list[dict[str, Any]]:
         return self.ranks.stacks(dest, header) if self.ranks is not None else []
 
+    def node_of(self, pid: Optional[int]) -> Optional[dict[str, Any]]:
+        return self.ranks.node_of(pid) if self.ranks is not None else None
+
     def suspect_nodes(self) -> list[dict[str, Any]]:
         return self.ranks.suspects() if self.ranks is not None else []
 

@@ -3,7 +3,8 @@
 Through the shared volume, answered by :mod:`dapo.backends.verl.worker_hooks` in each worker process:
 
 - :meth:`RankWatch.probe` (after each update): every rank times the same matrix-multiply work on its device; the
-  step's metrics get the slowest rank's time over the median (``ranks/probe_max_over_median``), the slowest rank
+  step's metrics get the slowest rank's time over the median of the others (``ranks/probe_max_over_median``; with
+  two ranks, the one over the other), the slowest rank
   (``ranks/probe_slowest_rank``) and each rank's process-group timeout read back from its process group. A rank above
   ``recipe.trainer.watchdog.slow_ratio`` x the median for ``slow_steps`` steps in a row is named in the log with its
   node, and from then on in every end record of the attempt (:meth:`RankWatch.suspects`), so that the log follower
@@ -63,11 +64,13 @@ class RankWatch:
             return {}
         self.last.update(got)
         times = {r: float(rec["probe_s"]) for r, rec in got.items()}
-        median = statistics.median(times.values())
         slowest = max(times, key=times.get)
+        # over the median of the OTHER ranks: with two ranks the median of all would be their mean
+        others = [t for r, t in times.items() if r != slowest] or [times[slowest]]
+        median = statistics.median(others)
         ratio = times[slowest] / median if median > 0 else 1.0
         self._track(step, slowest, ratio)
-        out = {"ranks/probe_s/max": times[slowest], "ranks/probe_s/median": median,
+        out = {"ranks/probe_s/max": times[slowest], "ranks/probe_s/median_others": median,
                "ranks/probe_max_over_median": ratio, "ranks/probe_slowest_rank": float(slowest),
                "ranks/answered": float(len(got))}
         timeouts = [rec.get("pg_timeout_s") for rec in got.values() if rec.get("pg_timeout_s") is not None]
@@ -95,6 +98,13 @@ class RankWatch:
     def entry(self, rank: int, why: str) -> dict[str, Any]:
         rec = self.last.get(rank, {})
         return node_entry(rec.get("node"), why=why, pod=rec.get("pod"), ip=None, rank=rank)
+
+    def node_of(self, pid: Optional[int]) -> Optional[dict[str, Any]]:
+        """The node entry of the rank whose process is ``pid`` (from its probe answers), or None."""
+        for r, rec in self.last.items():
+            if pid is not None and rec.get("pid") == pid:
+                return self.entry(r, "")
+        return None
 
     def suspects(self) -> list[dict[str, Any]]:
         return [self.entry(r, why) for r, why in sorted(self.slow.items())]
