@@ -300,7 +300,7 @@ def test_max_response_length_below_the_overlong_buffer_is_rejected():
 
 
 def test_unknown_preset_and_unknown_preset_key_are_rejected():
-    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+    with pytest.raises(ConfigError, match='unknown preset "nope"'):
         load_preset("nope")
     with pytest.raises(ConfigError, match=r"placement\.parallel\.ulysses"):
         load_preset("full", ["placement.parallel.ulysses=4"])

@@ -239,6 +239,7 @@ class Waits:
         self.current: list[str] = []
         self.disruptions: list[str] = []
         self.disabled = False
+        self.last: Optional[tuple[list[dict], list[dict]]] = None  # (pods, events) of the last read
 
     def read(self) -> tuple[list[dict], list[dict]]:
         pods = self.api.list_json("pods", "labelSelector=" + urllib.parse.quote(self.selector))
@@ -278,7 +279,7 @@ class Waits:
         if self.disabled:
             return [], None
         try:
-            pods, events = self.read()
+            pods, events = self.last = self.read()
         except ApiUnavailable as exc:
             self.disabled = True
             return [], f"{exc}; waits are not explained, the run's logs still are"

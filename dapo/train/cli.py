@@ -20,11 +20,10 @@ reason: see :data:`dapo.backends.verl.passthrough.PASSTHROUGH_REFUSED`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
-from dapo.config import ConfigError, list_presets, load_preset, split_overrides
+from dapo.config import ConfigError, list_presets, load_preset, run_dir, split_overrides
 from dapo.train.fabric import EXIT_FABRIC, FABRICS, PLACEMENT_TIMEOUT_S
 
 def _positive_seconds(text: str) -> float:
@@ -75,16 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_dir_of(preset, args: argparse.Namespace) -> Path:
     """Where the run keeps checkpoints and logs: ``--run-dir`` (local backend) or ``trainer.default_local_dir`` with
-    its ``${trainer.<key>}`` references resolved (what verl's config resolves it to)."""
-    from dapo.k8s.presets import ValuesError, trainer_path
-
+    its ``${trainer.<key>}`` references resolved (:func:`dapo.config.run_dir`)."""
     if getattr(args, "run_dir", None):
         return Path(args.run_dir)
-    t = preset.recipe.trainer
-    try:
-        return Path(trainer_path(t.default_local_dir, dataclasses.asdict(t)))
-    except ValuesError as exc:
-        raise ConfigError(f"recipe.trainer.default_local_dir: {exc}") from exc
+    return Path(run_dir(preset))
 
 
 def _attempt(preset, args: argparse.Namespace):

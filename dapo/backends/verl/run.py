@@ -14,7 +14,6 @@ resumed run by its resume step.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -22,7 +21,7 @@ from typing import Any, Optional
 from dapo.backends.verl.backend import VerlBackend
 from dapo.backends.verl.settings import CPU_ACCELERATOR, CPU_ENV
 from dapo.backends.verl.workers import RayWorkers
-from dapo.config import ConfigError, Preset
+from dapo.config import ConfigError, Preset, run_dir
 from dapo.data.files import read_rows
 
 __all__ = ["describe", "run", "prepare", "connect", "on_this_machine", "resume_step", "reseed_rollout_for_resume"]
@@ -144,16 +143,9 @@ def connect(cfg: Any, environ: dict[str, str], attempt: Optional[int] = None) ->
 
 
 def run_dir_of(preset: Preset) -> str:
-    """``recipe.trainer.default_local_dir`` with its ``${trainer.*}`` references resolved (as verl resolves them) and
-    made absolute: the driver and every worker (whose working directories differ) write checkpoints there."""
-    from omegaconf import OmegaConf
-
-    trainer = dataclasses.asdict(preset.recipe.trainer)
-    try:
-        path = OmegaConf.create({"trainer": trainer}).trainer.default_local_dir
-    except Exception as exc:  # an interpolation naming a key trainer.* does not have
-        raise ConfigError(f"recipe.trainer.default_local_dir ({trainer['default_local_dir']!r}): {exc}") from exc
-    return os.path.abspath(str(path))
+    """``recipe.trainer.default_local_dir`` with its ``${trainer.*}`` references resolved (:func:`dapo.config.run_dir`)
+    and made absolute: the driver and every worker (whose working directories differ) write checkpoints there."""
+    return os.path.abspath(run_dir(preset))
 
 
 def on_this_machine(preset: Preset, build: bool) -> Preset:
