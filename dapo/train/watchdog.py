@@ -118,6 +118,8 @@ class Watchdog:
             now = self.clock()
             return {
                 "attempt": self.attempt, "pid": os.getpid(), "host": os.uname().nodename, "phase": self.phase_name,
+                # the driver's pod and node (the chart's downward API): what the follower ends when this record stops
+                "pod": os.environ.get("DAPO_POD_NAME"), "node": os.environ.get("DAPO_NODE_NAME"),
                 "step": self.step, "since": self.since if self.phase_name else None,
                 "budget_s": self.budget if self.phase_name and self.budget != float("inf") else None,
                 "deadline": (self.since + self.budget) if self.phase_name and self.budget != float("inf") else None,
