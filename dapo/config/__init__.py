@@ -53,6 +53,7 @@ from dapo.config.schema import (
     TinyModelSpec,
     TrainerConfig,
     WarmStartSpec,
+    WatchdogConfig,
 )
 
 __all__ = [
@@ -62,5 +63,5 @@ __all__ = [
     "HEALTH_GUARDS", "KL_PENALTIES", "LOSS_AGG_MODES", "ActorConfig", "AlgorithmConfig", "ConfigError", "DataConfig",
     "FilterGroupsConfig", "HealthConfig", "LocalConfig", "ModelConfig", "OptimConfig", "OverlongBufferConfig",
     "ParallelConfig", "PlacementConfig", "Preset", "RecipeConfig", "RewardConfig", "RolloutConfig", "SamplingConfig",
-    "TaskSpec", "TinyModelSpec", "TrainerConfig", "WarmStartSpec",
+    "TaskSpec", "TinyModelSpec", "TrainerConfig", "WarmStartSpec", "WatchdogConfig",
 ]

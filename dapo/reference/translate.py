@@ -301,6 +301,8 @@ def _our_settings(w: _Writer, preset: Preset) -> None:
     for key in ("entropy_min", "starving_gen_batches", "clip_ratio_max", "patience"):
         not_passed(f"recipe.trainer.health.{key}", getattr(t.health, key),
                    "a threshold of our loop's health warnings; the reference trainer has no health guards")
+    for f in dataclasses.fields(t.watchdog):  # the reference trainer has no watchdog (dapo.train.watchdog)
+        not_passed(f"recipe.trainer.watchdog.{f.name}", getattr(t.watchdog, f.name), "a budget of our loop's watchdog")
     if a.use_kl_loss:
         put("actor_rollout_ref.actor.kl_loss_type", a.kl_loss_type, "recipe.actor.kl_loss_type")
     else:

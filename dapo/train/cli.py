@@ -80,8 +80,28 @@ def run_dir_of(preset, args: argparse.Namespace) -> Path:
     return Path(run_dir(preset))
 
 
+def _attempt(preset, args: argparse.Namespace, run_dir: Path):
+    """This attempt's ends and watchdog (:mod:`dapo.train.ending`, :mod:`dapo.train.watchdog`), the watchdog started
+    on the start-up's budget; (None, None) for ``--dry-run``."""
+    if args.dry_run:
+        return None, None
+    from dapo.train import attempts, runlog
+    from dapo.train.ending import AttemptEnd
+    from dapo.train.watchdog import Watchdog
+
+    log = runlog.active()
+    ending = AttemptEnd(run_dir, log.number if log else None, attempts.preset_key(preset.to_dict()))
+    watchdog = Watchdog(preset.recipe.trainer.watchdog, run_dir, attempt=ending.attempt, on_stall=ending.stall)
+    watchdog.enter("startup")
+    return ending, watchdog.start()
+
+
 def _run(preset, args: argparse.Namespace, verl_overrides: list[str], run_dir: Path) -> int:
+    ending, watchdog = _attempt(preset, args, run_dir)
     try:
+        if ending is not None and (code := ending.refuse_on_verdict()) is not None:
+            return code  # an earlier attempt stopped the run for good: nothing is built
+        args.attempt_end, args.watchdog = ending, watchdog  # the backend hands both to the loop
         if preset.placement.backend == "local":
             from dapo.backends.local.run import run as run_backend
 
@@ -92,6 +112,13 @@ def _run(preset, args: argparse.Namespace, verl_overrides: list[str], run_dir: P
     except ConfigError as exc:
         print(f"dapo train: configuration error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a crash: recorded (with the nodes it names) for the follower, then the traceback
+        if ending is not None:
+            ending.crashed(exc)
+        raise
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

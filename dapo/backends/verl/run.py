@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from dapo.backends.verl.backend import VerlBackend
 from dapo.backends.verl.settings import CPU_ACCELERATOR, CPU_ENV
@@ -71,6 +71,8 @@ def run(preset: Preset, args: Any, verl_overrides: list[str], run_dir: str) -> i
     from dapo.train.stream import rollout_steps
 
     cfg = resolved.cfg
+    ending = getattr(args, "attempt_end", None)
+    attempt = ending.attempt if ending is not None else None
     wandb_extra: dict[str, Any] = {}
     if getattr(args, "fabric_check", None):  # first, before any model or data is touched
         from dapo.backends.verl.fabric import gate
@@ -78,21 +80,26 @@ def run(preset: Preset, args: Any, verl_overrides: list[str], run_dir: str) -> i
 
         passed, wandb_extra = gate(placed, args.fabric_check, getattr(args, "fabric_min_busbw", None),
                                    getattr(args, "fabric_recheck", None) or "", environ, where,
-                                   lambda: connect(cfg, environ), log=lambda m: print(m, flush=True),
+                                   lambda: connect(cfg, environ, attempt), log=lambda m: print(m, flush=True),
                                    placement_timeout=getattr(args, "fabric_placement_timeout", PLACEMENT_TIMEOUT_S))
         if not passed:
             print(f"dapo train: the fabric check did not pass; nothing trained (exit code {EXIT_FABRIC})", flush=True)
             return EXIT_FABRIC
     else:
-        connect(cfg, environ)
+        connect(cfg, environ, attempt)
     on_this_machine(preset, where, build=True)  # builds builtin:tiny's model and task where `placed` points
     train_rows = read_rows(list(placed.recipe.data.train_files), "recipe.data.train_files")
     val_rows = read_rows(list(placed.recipe.data.val_files), "recipe.data.val_files")
     total_steps = rollout_steps(placed.recipe, len(train_rows))  # verl's LR schedule and the loop's bound
     workers = RayWorkers(cfg, total_steps, verl_agreement=placed.recipe.reward.verl_agreement)
     backend = VerlBackend(cfg, placed, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
+    if attempt is not None:
+        from dapo.backends.verl.ranks import RankWatch
+
+        backend.ranks = RankWatch(where, attempt, backend.n_gpus, placed.recipe.trainer.watchdog,
+                                  log=lambda m: print(m, flush=True))
     loop = DAPOLoop(placed, backend, train_rows, val_rows, where, progress=not getattr(args, "no_progress", False),
-                    total_steps=total_steps)
+                    ending=ending, watchdog=getattr(args, "watchdog", None), total_steps=total_steps)
     loop.wandb_extra = wandb_extra
     try:
         return int(loop.fit() or 0)
@@ -113,14 +120,21 @@ def prepare(preset: Preset, run_dir: str, build: bool = True) -> Preset:
     return preset
 
 
-def connect(cfg: Any, environ: dict[str, str]) -> None:
+def connect(cfg: Any, environ: dict[str, str], attempt: Optional[int] = None) -> None:
     """Join (or start) the Ray cluster with the run's runtime env -- computed against ``environ``, the job's own
-    environment from before this process changed it -- and register the DAPO loss in the driver too."""
+    environment from before this process changed it -- and register the DAPO loss in the driver too. With
+    ``attempt``, the workers also get the attempt's hooks (:func:`dapo.backends.verl.worker_hooks.env_for`: the
+    process-group timeout from ``actor_rollout_ref.nccl_timeout``, stacks on request, the flight recorder)."""
     import ray
 
     from dapo.backends.verl import config as verl_config
+    from dapo.backends.verl.worker_hooks import env_for
 
     env = verl_config.runtime_env(cfg, environ)
+    if attempt is not None:
+        timeout = cfg.actor_rollout_ref.get("nccl_timeout")
+        hooks = env_for(str(cfg.trainer.default_local_dir), attempt, timeout, os.getpid())
+        env["env_vars"] = {**env.get("env_vars", {}), **{k: v for k, v in hooks.items() if k not in environ}}
     os.environ.update({k: str(v) for k, v in env.get("env_vars", {}).items()})
     if not ray.is_initialized():
         ray.init(runtime_env=env, **ray_init_kwargs(cfg, environ))
