@@ -334,3 +334,46 @@ def test_gke_multi_networks_the_pods_name_must_exist(tmp_path):
         assert (row.verdict, row.found) == ("FAIL", "GKE networks missing: vpc5") and "GKENetworkParamSet" in row.fix
     finally:
         api.close()
+
+
+def test_gpu_nodes_with_a_noexecute_taint_the_workers_do_not_tolerate_are_not_counted(cluster, tmp_path):
+    """A NoExecute taint repels a pod as NoSchedule does (and evicts a running one): four GPU nodes reserved with
+    one leave 12 of the 16 workers a place; a toleration of it in the values gives them back. The chart's default
+    toleration of the GPU taint names the effect NoSchedule, so the same key with NoExecute is not tolerated."""
+    for i in range(4):
+        n = cluster.store[("/api/v1", "nodes", "")][f"ip-10-0-7-{i}"]
+        n["spec"]["taints"] = GPU_TAINT + [{"key": "dedicated", "value": "team-b", "effect": "NoExecute"}]
+    (verdict, found, fix), = doctor_rows(cluster)["gpu nodes"]
+    assert verdict != "ok" and "12 of 16 fit now (12 node(s) could take one)" in found, found
+    assert "4 node(s) taint dedicated=team-b:NoExecute not tolerated" in found and "tolerations" in fix
+    tolerate = tmp_path / "tolerate.yaml"
+    tolerate.write_text("worker:\n  tolerations:\n  - {key: nvidia.com/gpu, operator: Exists}\n"
+                        "  - {key: dedicated, value: team-b, effect: NoExecute}\n")
+    assert doctor_rows(cluster, values=VALUES + [tolerate])["gpu nodes"][0][0] == "ok"
+    for i in range(4):  # the GPU taint itself with NoExecute
+        n = cluster.store[("/api/v1", "nodes", "")][f"ip-10-0-7-{i}"]
+        n["spec"]["taints"] = [dict(GPU_TAINT[0], effect="NoExecute")]
+    (verdict, found, _), = doctor_rows(cluster)["gpu nodes"]
+    assert verdict != "ok" and "4 node(s) taint nvidia.com/gpu=true:NoExecute not tolerated" in found, found
+
+
+def test_a_baseline_namespace_is_refused_for_ipc_lock_and_admitted_without_it(cluster, capsys):
+    """IPC_LOCK (ipcLock, RDMA memory registration) is not among the capabilities Pod Security baseline allows: a
+    namespace enforcing baseline refuses the workers, so doctor fails it naming ipcLock and the level to label."""
+    from dapo.k8s import load_values, render_objects
+    from dapo.k8s.doctor import Cluster, Doctor
+    from dapo.k8s.doctor_checks import pod_security
+    from dapo.k8s.doctor_cli import main
+
+    cluster.store[("/api/v1", "namespaces", "")]["ml"]["metadata"]["labels"][
+        "pod-security.kubernetes.io/enforce"] = "baseline"
+    assert doctor_rows(cluster)["pod security"][0][0] == "ok"
+    sets = SETS + ["ipcLock=true"]
+    (row,) = pod_security(Doctor(load_values(CHART_DIR, VALUES, sets), render_objects(
+        CHART_DIR, VALUES, sets, release="dapo", namespace="ml"), "ml", Cluster(str(cluster.config))))
+    assert (row.verdict, row.found) == ("FAIL", "namespace ml: enforce=baseline")
+    assert row.needed == "admits privileged (ipcLock (IPC_LOCK is not among the capabilities baseline allows))"
+    assert row.fix == "kubectl label namespace ml pod-security.kubernetes.io/enforce=privileged --overwrite"
+    argv = ["-n", "ml", "--kubeconfig", str(cluster.config)] + [a for f in VALUES for a in ("-f", str(f))]
+    assert main(argv + [a for s in sets for a in ("--set", s)]) == 1
+    assert "1 FAIL: the run cannot start as these values install it" in capsys.readouterr().out

@@ -323,3 +323,36 @@ def test_a_placement_timeout_that_is_not_a_positive_number_is_refused_naming_the
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--preset", "verl-tiny", "--fabric-placement-timeout", bad])
     assert "--fabric-placement-timeout" in capsys.readouterr().err
+
+
+# --- the placement judged from where the ranks ran (dapo.backends.verl.fabric.check) ---------------------------------
+
+def _ranks_on(hosts: list[str], gloo_rows) -> list[dict]:
+    """Every rank's answer as dapo.backends.verl.fabric._Rank.run returns it: 16 x 8 ranks spread over ``hosts`` in
+    rank order, each with the measured rows and the NCCL lines of an IB fabric (tests/fixtures/nccl/ib.log)."""
+    return [{"rank": r, "host": hosts[r * len(hosts) // 128], "sizes": gloo_rows, "nccl_lines": _lines("ib")}
+            for r in range(128)]
+
+
+@pytest.mark.parametrize("hosts, crossed", [(["gpu-a"], False), (["gpu-a", "gpu-b"], False),
+                                            ([f"gpu-{i:02d}" for i in range(16)], True)])
+def test_a_multi_node_check_whose_ranks_ran_on_fewer_hosts_than_the_preset_has_nodes_is_refused(
+        hosts, crossed, gloo_rows, monkeypatch):
+    """The 16-node preset's check measured on 1 or 2 hosts (Ray placed the bundles elsewhere than one per node: the
+    all-reduce never crossed the fabric it judges) is refused naming the hosts, however good the numbers; on 16 it
+    passes."""
+    from dapo.backends.verl import fabric as vf
+    from dapo.config.loader import load_preset
+
+    preset = load_preset("full")
+    assert (preset.placement.nodes, preset.placement.gpus_per_node) == (16, 8)
+    monkeypatch.setattr(vf, "run_check", lambda nodes, gpus, backend, placement_timeout: vf.report_of(
+        _ranks_on(hosts, gloo_rows), backend))
+    logged: list[str] = []
+    reasons, extra = vf.check(preset, "ib", floor_gbps=gloo_rows[-1]["busbw_gbps"] / 10, log=logged.append)
+    if crossed:
+        assert reasons == [] and extra["fabric/passed"] is True, reasons
+        return
+    assert len(reasons) == 1 and reasons[0].startswith(f"the ranks ran on {len(hosts)} host(s) ({', '.join(hosts)})")
+    assert "not 16: the check did not cross the nodes" in reasons[0]
+    assert extra["fabric/passed"] is False and "did not cross the nodes" in logged[-1]

@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 from dapo.train import fabric, fabric_verdict
 
-__all__ = ["run_check", "nccl_debug_env", "check", "gate", "placement_shortfall", "FabricMeasurementError",
+__all__ = ["run_check", "report_of", "nccl_debug_env", "check", "gate", "placement_shortfall", "FabricMeasurementError",
            "FabricPlacementError"]
 
 # the all-reduce sweep takes seconds on a healthy fabric and tens of seconds on TCP; NCCL on a broken one can wait on
@@ -143,10 +143,17 @@ def run_check(nodes: int, gpus_per_node: int, *, backend: str = "nccl", sizes: O
         for a in actors:
             ray.kill(a)
         remove_placement_group(pg)
+    return report_of(results, backend)
+
+
+def report_of(results: list[dict[str, Any]], backend: str) -> dict[str, Any]:
+    """The check's report from every rank's answer (:meth:`_Rank.run`: rank, host, sizes, nccl_lines, in rank
+    order): world (the ranks), nodes (the distinct hosts they ran on), hosts, backend, sizes (rank 0's rows),
+    transport (read from all ranks' NCCL lines; gloo: :data:`dapo.train.fabric.GLOO_TRANSPORT`)."""
     lines = [ln for r in results for ln in r["nccl_lines"]]
     hosts = sorted({r["host"] for r in results})
     transport = fabric.read_transport(lines) if backend == "nccl" else dict(fabric.GLOO_TRANSPORT)
-    return {"world": world, "nodes": len(hosts), "hosts": hosts, "backend": backend,
+    return {"world": len(results), "nodes": len(hosts), "hosts": hosts, "backend": backend,
             "sizes": results[0]["sizes"], "transport": transport}
 
 
