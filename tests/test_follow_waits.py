@@ -471,6 +471,7 @@ def test_a_failed_run_names_its_last_attempts_disruptions_not_an_earlier_attempt
     assert "while its last attempt ran: pod dapo-train-g5h6k-gpu-workers-worker-1: container ray-worker restarted " \
            "(1x), last ended OOMKilled exit code 137" in final, final
     assert "DeletionByTaintManager" not in final and "a1b2c" not in final, final
+    assert "before its driver started" not in final, final  # every attempt's driver ran
 
 
 PREEMPTORS = {18: "3f0c2a1e-5b6d-4c7e-8f9a-0b1c2d3e4f5a", 20: "ab7d4e2f-c1d2-4e3f-a4b5-c6d7e8f9a0b1",
