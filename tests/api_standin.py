@@ -1,6 +1,8 @@
 """The suite's stand-in Kubernetes API server: a small HTTP server that holds real-shaped objects and answers what
 the API server answers for them -- GET of one object at its path, lists with ``labelSelector`` / ``fieldSelector``,
-DELETE (recorded in ``deleted``), 404 as a ``Status``, 403 for what the caller may not read -- so that the project's own API readers (the log
+DELETE (recorded in ``deleted``, each passed to ``on_delete`` hooks), PATCH as a JSON merge patch (RFC 7386; a
+``metadata.resourceVersion`` in the body is a precondition, 409 when stale; recorded in ``patched``), 404 as a
+``Status``, 403 for what the caller may not read or do (``forbid``, ``forbid_verb``) -- so that the project's own API readers (the log
 follower's urllib client, ``dapo doctor``'s kubernetes client, Helm's ``lookup``) talk to it as to a cluster.
 
     api = StandInApi()
@@ -15,7 +17,10 @@ resource a kind is, and under which API group, is the table ``KINDS`` (the plura
 
 from __future__ import annotations
 
+import copy
+import json
 import threading
+import time
 import urllib.parse
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -102,6 +107,19 @@ def matches_fields(obj: dict, selector: str) -> bool:
     return True
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merged key by key, ``null`` removes a key, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 class StandInApi:
     """The stand-in server (module doc). ``requests`` records every path and query asked for."""
 
@@ -110,6 +128,10 @@ class StandInApi:
         self.forbidden: set[str] = set()
         self.requests: list[str] = []
         self.deleted: list[str] = []  # the path and query of every DELETE it answered
+        self.patched: list[tuple[str, dict, float]] = []  # (path, body, time.time()) of every PATCH it applied
+        self.on_delete: list[Any] = []  # callables(path), called before a DELETE is answered
+        self.forbidden_verbs: set[tuple[str, str]] = set()  # (method, plural)
+        self.lock = threading.Lock()
         for obj in objects:
             self.put(obj)
         outer = self
@@ -121,10 +143,17 @@ class StandInApi:
                 self.send_json(code, body)
 
             def do_DELETE(self):
-                code, body = outer.answer(self.path)
+                code, body = outer.refused("DELETE", self.path) or outer.answer(self.path)
                 if code == 200:
+                    for hook in outer.on_delete:
+                        hook(self.path.partition("?")[0])
                     outer.deleted.append(self.path)
                     outer.drop(self.path.partition("?")[0])
+                self.send_json(code, body)
+
+            def do_PATCH(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                code, body = outer.refused("PATCH", self.path) or outer.patch(self.path, json.loads(raw or b"{}"))
                 self.send_json(code, body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -167,6 +196,41 @@ class StandInApi:
 
     def forbid(self, *plurals: str) -> None:
         self.forbidden.update(plurals)
+
+    def forbid_verb(self, method: str, *plurals: str) -> None:
+        self.forbidden_verbs.update((method, p) for p in plurals)
+
+    def refused(self, method: str, raw: str) -> tuple[int, Any] | None:
+        parts = raw.partition("?")[0].rstrip("/").split("/")
+        plural = parts[-2] if len(parts) >= 2 else ""
+        if (method, plural) in self.forbidden_verbs:
+            return 403, self.status(403, "Forbidden", f'{plural} is forbidden: User "t" cannot {method.lower()} '
+                                                      f'resource "{plural}"')
+        return None
+
+    def patch(self, raw: str, body: dict) -> tuple[int, Any]:
+        """A JSON merge patch of the object at ``raw``; a stale ``metadata.resourceVersion`` in it: 409."""
+        with self.lock:
+            code, obj = self.answer(raw.partition("?")[0])
+            if code != 200:
+                return code, obj
+            meta = obj.setdefault("metadata", {})
+            want = (body.get("metadata") or {}).get("resourceVersion")
+            if want is not None and str(want) != str(meta.get("resourceVersion")):
+                return 409, self.status(409, "Conflict", "the object has been modified; please apply your changes "
+                                                         "to the latest version and try again")
+            merged = merge_patch(obj, body)
+            merged["metadata"]["resourceVersion"] = str(int(meta.get("resourceVersion") or 0) + 1)
+            obj.clear()
+            obj.update(merged)
+            self.patched.append((raw, body, time.time()))
+            return 200, obj
+
+    def bump(self, obj: dict) -> dict:
+        """Record a write of ``obj`` made outside the API (a controller's): a new resourceVersion."""
+        meta = obj.setdefault("metadata", {})
+        meta["resourceVersion"] = str(int(meta.get("resourceVersion") or 0) + 1)
+        return obj
 
     # -- answers ----------------------------------------------------------------------------------------------------
     def answer(self, raw: str) -> tuple[int, Any]:

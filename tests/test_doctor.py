@@ -304,6 +304,10 @@ def test_an_unreachable_api_server_or_refused_values_exit_2(cluster, tmp_path, c
     argv = ["--kubeconfig", str(cluster.config), "-f", str(VALUES_DIR / "full.yaml")]
     assert main(argv + ["--set", "storage.size=1Gi"] + [a for s in SETS for a in ("--set", s)]) == 2
     assert "storage.size: 1Gi is smaller than what preset full needs" in capsys.readouterr().err
+    # Helm renders an override the preset does not have (the chart cannot load presets); dapo doctor loads it
+    assert main(argv + ["-f", str(VALUES_DIR / "eks-p5.yaml"), "--set", "overrides={recipe.actor.optim.lrr=1e-5}"]
+                + [a for s in SETS for a in ("--set", s)]) == 2
+    assert "did you mean 'lr'" in capsys.readouterr().err
     cluster.close()
     assert main(argv) == 2
     assert "cannot be reached" in capsys.readouterr().err

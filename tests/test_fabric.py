@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from dapo.k8s import render_objects
 from dapo.train import fabric
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
@@ -239,7 +240,7 @@ def _refusal(values: dict) -> tuple[str, str]:
     with pytest.raises(helm().HelmRenderError) as helm_err:
         chart().render(values, name="dapo", namespace="ml")
     with pytest.raises(ValuesError) as py_err:
-        render_script().render_objects(CHART_DIR, [], extra=values)
+        render_objects(CHART_DIR, [], extra=values)
     return str(helm_err.value), str(py_err.value)
 
 
@@ -269,7 +270,7 @@ def test_runs_that_need_no_declared_fabric_render_without_one(values, why):
     from k8s_support import CHART_DIR, helm_objects, render_script
 
     values = {"storage": {"storageClassName": "rwx"}, "image": {"published": True}, **values}
-    objects = render_script().render_objects(CHART_DIR, [], extra=values, release="dapo", namespace="ml")
+    objects = render_objects(CHART_DIR, [], extra=values, release="dapo", namespace="ml")
     assert objects == helm_objects(values, stand_in=False), why
     train = [o for o in objects if o["kind"] == "RayJob" and o["metadata"]["name"].endswith("-train")]
     if train and values.get("fabric", {}).get("expect") != "socket":

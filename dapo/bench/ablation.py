@@ -15,8 +15,6 @@ the training batch, with it generation batches of ``gen_batch_size`` are added u
 per rung (mean over seeds), the rollout steps and generated responses to first reach each target validation
 accuracy, and the final accuracy; writes ``ablation.{md,json,png}`` in ``--out``. Runs are resumable: a finished
 (rung, seed) keeps its ``summary.json`` and is not rerun.
-
-Imports :mod:`dapo.bench.runs`; :mod:`dapo.train.metrics`, numpy and matplotlib lazily.
 """
 
 from __future__ import annotations

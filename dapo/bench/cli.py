@@ -8,8 +8,6 @@ only dispatches to the subcommands:
 - ``dapo bench timing`` (:mod:`dapo.bench.timing`): the share of the step time per phase.
 - ``dapo bench peers`` (:mod:`dapo.bench.peers`): TRL's GRPOTrainer side by side with ``dapo train``.
 - ``dapo bench verl-fit`` (:mod:`dapo.bench.verl_fit`): the loop on verl's workers vs verl's own ``fit()``.
-
-Imports those six modules.
 """
 
 from __future__ import annotations

@@ -14,9 +14,6 @@ Rules, fixed before the runs:
   finished; a group with fewer than all its seeds gets its d and "n of N seeds, no verdict", never a verdict;
 - a precondition holds when every statistic of :data:`dapo.bench.precondition.THRESHOLDS` reaches its level on the
   warm-started policy; a verdict on a task whose precondition fails is reported as such.
-
-Imports numpy, matplotlib (lazily), :mod:`dapo.bench.precondition`, :mod:`dapo.bench.target` and
-:mod:`dapo.train.metrics`.
 """
 
 from __future__ import annotations

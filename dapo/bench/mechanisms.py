@@ -18,9 +18,6 @@ mechanism (:mod:`dapo.bench.mech_report`), the pre-registered seeds and the held
 runs are cached (``<out>/<preset>/<rung>/seed<k>/bench_result.json``) so the command resumes. Everything the verdicts
 rest on -- tasks, outcomes and their signs, seeds, steps, thresholds, the target rule (:mod:`dapo.bench.target`) and
 the verdict rule -- is fixed in these modules before the runs.
-
-Imports :mod:`dapo.bench.runs`; :mod:`dapo.bench.mech_report`, :mod:`dapo.bench.precondition` (torch, the local
-backend) lazily.
 """
 
 from __future__ import annotations

@@ -3,9 +3,6 @@ carry) on the tiny task, in interleaved rounds from the same warm start; prints 
 phase -- wall clock and the process's CPU seconds, which load from other processes inflates far less --, generated
 tokens per second, and validation accuracy against generated responses (``peers.{md,json}``).
 The TRL runs go through ``python -m dapo.bench.peers_trl`` in TRL's own environment (``make setup-trl``).
-
-Imports :mod:`dapo.bench.runs`; :mod:`dapo.config`, the local backend, :mod:`dapo.tiny.assets` and
-:mod:`dapo.train` lazily.
 """
 
 from __future__ import annotations

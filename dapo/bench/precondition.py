@@ -21,8 +21,7 @@ floats round alike.
    step on low-probability tokens (the paper's Fig. 3). ``clip_high_pos_share`` (up-clipped / all tokens with A > 0)
    is reported too: most rewarded tokens have pi_old near 1 and cannot be up-clipped at all (ratio <= 1 / pi_old).
 
-:data:`THRESHOLDS` are the levels each mechanism's precondition needs, fixed before the runs. Imports the local
-backend, :mod:`dapo.config`, :mod:`dapo.reward` and the loop lazily.
+:data:`THRESHOLDS` are the levels each mechanism's precondition needs, fixed before the runs.
 """
 
 from __future__ import annotations

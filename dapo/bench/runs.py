@@ -1,7 +1,5 @@
 """One benchmark run: a preset with overrides trained by the local backend in this process, its summary and
 validation curve (every ``dapo bench`` command that trains uses it).
-
-Imports the local backend, :mod:`dapo.config` and :mod:`dapo.train` lazily (torch is loaded only when a run starts).
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 :class:`dapo.sampler.DynamicSampler` (no model): each prompt group is kept independently with probability
 ``keep_rate``; prints generation batches per step and generated prompts per trained prompt for the reference and
 the carry sampler, next to the ``dapo plan`` model.
-
-Imports :mod:`dapo.sampler` and :mod:`dapo.plan.steps` (the model it prints beside the simulation) lazily.
 """
 
 from __future__ import annotations

@@ -20,8 +20,6 @@ The rule, fixed before the runs (the constants below):
   estimate only`` when R <= 0.5 < upper end; otherwise ``misses by R - 0.5`` -- given only when every seed of the
   group finished both runs and the target is decidable; otherwise the ratio and its interval are reported with "n of
   N seeds, no verdict" or "target not decidable (within validation noise), no verdict".
-
-Imports numpy only.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """``dapo bench timing``: a few tiny-preset steps; prints the share of the step time per phase (``timing_s/*``)
 and the share spent outside generation and the update (target <= 5 %).
-
-Imports :mod:`dapo.bench.runs`; :mod:`dapo.train.metrics` lazily.
 """
 
 from __future__ import annotations

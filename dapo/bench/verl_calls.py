@@ -16,8 +16,6 @@ sampling's extra generation batches on the same awake replicas); :func:`split_st
 start-up and one list per training step (a step starts at its first generation). ``dapo bench verl-fit
 --record-calls FILE`` writes fit()'s recording (tests/fixtures/verl_fit_calls.json); the CPU e2e compares its own
 with it.
-
-Imports nothing of the project; verl only through the trainer it is given.
 """
 
 from __future__ import annotations

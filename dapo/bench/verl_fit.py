@@ -18,7 +18,7 @@ reward workers while it generates; the loop with that streaming switched off in 
 fit() round. The loop also writes its ``metrics.jsonl`` and console line every step.
 
 On CPU (``--preset verl-tiny``) it runs in the vLLM-on-CPU venv (``make setup-vllm``); on a GPU node, any verl preset
-with its own overrides. Imports the verl backend's run helpers and workers, the loop and the config loader.
+with its own overrides.
 """
 
 from __future__ import annotations

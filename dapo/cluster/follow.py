@@ -7,12 +7,10 @@ The driver of each RayJob attempt writes ``<log dir>/attempt-<N>.log`` (:mod:`da
 runner's :mod:`dapo.reference.attempt_log`). The follower waits for the directory, prints each attempt of this run
 in order -- a header line with its number and start time, then its lines as they are written, complete lines only
 (a partial last line waits for its newline, and is printed with one added when the attempt ends without it) --
-moves to the next attempt when a retry starts, and ends with one line saying how the run ended:
-
-- exit 0 when the last attempt's log ends with exit code 0;
-- exit 1 when the run has failed for good: the RayJob (``--rayjob``, read with :mod:`dapo.cluster.rayjob_api`) is
-  ``Failed``, ``Complete`` without success (a stopped job), or was deleted; without API access, when an attempt
-  fails and ``--backoff-limit`` + 1 attempts have run.
+moves to the next attempt when a retry starts, and ends with one line saying how the run ended: exit 0 when the
+last attempt's log ends with exit code 0; exit 1 when the run has failed for good -- the RayJob (``--rayjob``, read
+with :mod:`dapo.cluster.rayjob_api`) is ``Failed``, ``Complete`` without success (a stopped job), or was deleted;
+without API access, when an attempt fails and ``--backoff-limit`` + 1 attempts have run.
 
 Until an attempt's driver log exists (the cluster being created, pods Pending on GPUs or a claim, images pulling, an
 init container crash-looping), the follower explains the wait on stderr, ``[wait]`` lines, about every
@@ -20,6 +18,8 @@ init container crash-looping), the follower explains the wait on stderr, ``[wait
 :mod:`dapo.cluster.waits` reads from the release's pods and events (``--release``), one line per cause however many
 pods share it. While a driver runs it goes on, ``[cluster]`` lines for what disrupts the attempt: a lost node, an
 OOM-killed, evicted or preempted worker, a restarted container. When the run then fails, the final line names them.
+Between attempts it acts when asked to (:mod:`dapo.cluster.keeper`, ``[attempts]`` lines): it answers each end
+record, leaves failing nodes out, holds the run to its failure budget, ends an attempt whose driver froze.
 
 Which attempts belong to the run: with the RayJob's status, those that started (:func:`dapo.train.runlog.started_at`,
 else the file's mtime) at or after its creation -- a re-installed release keeps its earlier runs' logs in the same
@@ -33,7 +33,7 @@ short: the restarted one says so, on stderr with the byte range, and skips it (t
 pod (the old one evicted, or lost with its node and its log) starts with an empty state dir and prints the run from
 the beginning, once. ``--sidecar`` (the chart: a restartable init container, restarted in place) writes the exit
 code to ``<state dir>/result`` for the pod's main container and waits for SIGTERM instead of exiting. Diagnostics
-(waiting, API errors, restarts) go to stderr, outside the run's stream on stdout.
+go to stderr, outside the run's stream on stdout.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
+from dapo.cluster import keeper as keeping
 from dapo.cluster.rayjob_api import ApiUnavailable, RayJobApi, RayJobStatus
 from dapo.cluster.waits import Waits
 from dapo.train.runlog import attempt_numbers, exit_code_of, started_at
@@ -62,8 +63,9 @@ class Follower:
 
     def __init__(self, log_dir: Path, *, api: Optional[RayJobApi] = None, backoff_limit: Optional[int] = None,
                  state_dir: Optional[Path] = None, poll: float = 2.0, status_every: float = 15.0,
-                 grace: float = 30.0, out_fd: int = 1, waits: Optional[Waits] = None, waits_every: float = 30.0):
-        self.log_dir, self.api, self.backoff_limit = Path(log_dir), api, backoff_limit
+                 grace: float = 30.0, out_fd: int = 1, waits: Optional[Waits] = None, waits_every: float = 30.0,
+                 keeper: Optional[keeping.Keeper] = None):
+        self.log_dir, self.api, self.backoff_limit, self.keeper = Path(log_dir), api, backoff_limit, keeper
         self.state_path = Path(state_dir) / "state.json" if state_dir else None
         self.poll, self.status_every, self.grace, self.out_fd = poll, status_every, grace, out_fd
         self.status: Optional[RayJobStatus] = None  # the last status read
@@ -199,31 +201,25 @@ class Follower:
                 if len(data) < CHUNK:
                     return
 
-    def _finish(self, code: Optional[int]) -> None:
-        n = self.state["attempt"]
-        self.state["finished"][str(n)] = code
-        self.state.update(attempt=None, offset=0, last_line="")
-        self._save()
-
     def _end(self, code: int, text: str) -> int:
         self._emit(f"==> {text} <==\n".encode(), "the final line", ended=code)
         return code
 
     # -- the RayJob --------------------------------------------------------------------------------------------------
-    def _poll_status(self) -> None:
+    def _poll_status(self) -> bool:
         if self.api is None or time.monotonic() < self.next_status:
-            return
+            return False
         self.next_status = time.monotonic() + self.status_every
         try:
             status = self.api.get()
         except ApiUnavailable as exc:
             self.note(f"{exc}; the run's end is judged from the attempt logs alone"
                       f" (backoffLimit {self.backoff_limit}), every attempt in {self.log_dir} counts")
-            self.api, self.status = None, None
-            return
+            self.api, self.status, self.keeper = None, None, None
+            return False
         except OSError as exc:  # the API server restarting, a network blip: keep the last status, retry later
             self.note(f"cannot read the RayJob status now ({exc}); retrying every {self.status_every:.0f} s")
-            return
+            return False
         if status.exists:
             if self.state["uid"] and status.uid != self.state["uid"]:
                 status = RayJobStatus(exists=False)  # deleted and created again: ours is gone
@@ -238,6 +234,7 @@ class Follower:
         gone = self.seen or bool(self.state["uid"])
         if (status.terminal or (not status.exists and gone)) and self.over_since is None:
             self.over_since = time.monotonic()
+        return True
 
     def _over(self) -> bool:
         """The RayJob ended (or vanished) at least ``grace`` seconds ago: no more lines or attempts will come."""
@@ -247,10 +244,12 @@ class Follower:
         """Why the run is over after a failed attempt (None: a retry may come)."""
         s, failed = self.status, sum(1 for c in self.state["finished"].values() if c != 0)
         if self.api is not None and s is not None:
+            why = getattr(self.keeper, "stop_reason", None)
+            stopped = f"stopped by the follower: {why}; " if why else ""
             if not s.exists and (self.seen or self.state["uid"]):
-                return "the RayJob was deleted before the run succeeded"
+                return stopped + "the RayJob was deleted before the run succeeded"
             if s.terminal and not s.succeeded:
-                return f"the RayJob is {s.describe()}"
+                return f"{stopped}the RayJob is {s.describe()}"
             return None
         if self.backoff_limit is not None and failed > self.backoff_limit:
             return f"{failed} attempt(s) failed, backoffLimit {self.backoff_limit}"
@@ -293,8 +292,11 @@ class Follower:
     # -- the loop ----------------------------------------------------------------------------------------------------
     def step(self) -> Optional[int]:
         """One round: read the status, print what is new, decide. Returns the exit code once the run ended."""
-        self._poll_status()
+        fresh = self._poll_status()
         self._explain()
+        if self.keeper is not None:
+            self.keeper.step(self.status, self.state["attempt"], lambda n: bool(self._owned(n)),
+                             self.waits.last if self.waits else None, fresh)
         if self.state["attempt"] is None:
             n = self._next_attempt(self._last_done())
             if n is not None:
@@ -308,7 +310,9 @@ class Follower:
             if code is None and self._next_attempt(n) is None and not self._over():
                 return None
             self._pump(final=True)  # the attempt ended: its last bytes, a partial line included
-            self._finish(code)
+            self.state["finished"][str(n)] = code
+            self.state.update(attempt=None, offset=0, last_line="")
+            self._save()
             if code == 0:
                 return self._end(SUCCEEDED, f"the run succeeded: attempt {n} exited with code 0")
             why = "exited with code " + str(code) if code is not None else "ended without an exit code in its log"
@@ -323,7 +327,7 @@ class Follower:
         return None
 
     def run(self, sidecar_result: Optional[Path] = None) -> int:
-        previous = signal.signal(signal.SIGTERM, self._stop)
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "stopping", True))
         try:
             code = self.state["ended"]
             while code is None and not self.stopping:
@@ -343,9 +347,6 @@ class Follower:
         finally:
             signal.signal(signal.SIGTERM, previous)
 
-    def _stop(self, signum, frame) -> None:
-        self.stopping = True
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dapo.cluster.follow", description=__doc__.split("\n\n")[0])
@@ -355,21 +356,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="its namespace (default $POD_NAMESPACE, else the pod's service-account namespace)")
     p.add_argument("--api-server", default=None,
                    help="API server URL (default: in-cluster); e.g. http://127.0.0.1:8001 with `kubectl proxy`")
-    p.add_argument("--backoff-limit", type=int, default=None,
-                   help="the RayJob's backoffLimit, for when its status cannot be read (default: unknown, a failed "
-                   "attempt never ends the run)")
+    p.add_argument("--backoff-limit", type=int, default=None, help="the RayJob's backoffLimit, for when its status "
+                   "cannot be read (default: unknown, a failed attempt never ends the run)")
     p.add_argument("--state-dir", type=Path, default=None, help="what was printed, for a restart (an emptyDir)")
-    p.add_argument("--sidecar", action="store_true",
-                   help="at the end write <state dir>/result and wait for SIGTERM (a restartable init container)")
+    p.add_argument("--sidecar", action="store_true", help="at the end write <state dir>/result and wait for "
+                   "SIGTERM (a restartable init container)")
     p.add_argument("--poll", type=float, default=2.0, help="seconds between reads of the current log")
     p.add_argument("--status-every", type=float, default=15.0, help="seconds between reads of the RayJob status")
-    p.add_argument("--grace", type=float, default=30.0,
-                   help="seconds to keep reading after the RayJob ended (shared volumes show writes late)")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds to keep reading after the RayJob ended "
+                   "(shared volumes show writes late)")
     p.add_argument("--release", default=None,
                    help="the Helm release (its pods' app.kubernetes.io/instance): explain waits from its pods and events")
     p.add_argument("--kind", default="train", choices=["train", "eval"], help="which RayJob of the release")
     p.add_argument("--claim", default=None, help="the shared claim, whose events also explain a wait")
     p.add_argument("--waits-every", type=float, default=30.0, help="seconds between looks at pods and events")
+    keeping.add_arguments(p)  # what it does between attempts (dapo.cluster.keeper)
     return p
 
 
@@ -381,10 +382,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     api = None
     if args.rayjob:
         try:
-            if args.api_server:
-                api = RayJobApi(args.api_server, args.namespace or "default", args.rayjob)
-            else:
-                api = RayJobApi.in_cluster(args.rayjob, args.namespace)
+            api = (RayJobApi(args.api_server, args.namespace or "default", args.rayjob) if args.api_server
+                   else RayJobApi.in_cluster(args.rayjob, args.namespace))
         except (ApiUnavailable, OSError) as exc:
             print(f"[follow] {exc}; the run's end is judged from the attempt logs alone", file=sys.stderr)
     if args.state_dir is not None:
@@ -392,7 +391,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     waits = Waits(api, release=args.release, kind=args.kind, claim=args.claim) if api and args.release else None
     follower = Follower(args.log_dir, api=api, backoff_limit=args.backoff_limit, state_dir=args.state_dir,
                         poll=args.poll, status_every=args.status_every, grace=args.grace, waits=waits,
-                        waits_every=args.waits_every)
+                        waits_every=args.waits_every,
+                        keeper=keeping.from_args(args, api, waits.selector) if waits else None)
     return follower.run(args.state_dir / "result" if args.sidecar else None)
 
 

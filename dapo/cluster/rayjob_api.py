@@ -1,9 +1,11 @@
 """A RayJob's status read from the Kubernetes API, for the log follower (:mod:`dapo.cluster.follow`).
 
 One request, ``GET /apis/ray.io/v1/namespaces/<ns>/rayjobs/<name>``, with the pod's service-account token: all the
-RBAC it needs is ``get`` on ``rayjobs`` of that name (the chart's Role). :meth:`RayJobApi.delete` is the start guard's
-(:mod:`dapo.cluster.start_guard`, a Role of its own), never the follower's. :meth:`RayJobApi.list_json` lists the
-namespace's pods and events for :mod:`dapo.cluster.waits` (``list`` on both, the same Role). Standard library only (``urllib``, ``ssl``):
+RBAC it needs is ``get`` on ``rayjobs`` of that name (the chart's Role). :meth:`RayJobApi.list_json` lists the
+namespace's pods and events for :mod:`dapo.cluster.waits` (``list`` on both, the same Role). :meth:`RayJobApi.patch`
+and :meth:`RayJobApi.delete` act: the start guard's deletes (:mod:`dapo.cluster.start_guard`, a Role of its own), and
+what the follower does between attempts (:mod:`dapo.cluster.keeper`: ``patch`` and ``delete`` on the one RayJob,
+``delete`` on pods, granted only when those parts are on). Standard library only (``urllib``, ``ssl``):
 the follower runs in whichever image its RayJob runs -- the training image, the evaluation image, or the
 reproduction image (Python 3.10, our package without extras) -- and none of them carries the ``kubernetes`` client.
 The token file is read again for every request: Kubernetes rotates projected service-account tokens (hourly),
@@ -52,6 +54,7 @@ class RayJobStatus:
     backoff_limit: Optional[int] = None  # spec.backoffLimit
     reason: str = ""
     message: str = ""
+    cluster: str = ""  # status.rayClusterName: the current attempt's RayCluster (its pods' ray.io/cluster label)
 
     @property
     def terminal(self) -> bool:
@@ -79,6 +82,7 @@ class RayJobStatus:
             backoff_limit=int(spec["backoffLimit"]) if spec.get("backoffLimit") is not None else None,
             reason=str(st.get("reason") or ""),
             message=str(st.get("message") or "")[:300],
+            cluster=str(st.get("rayClusterName") or ""),
         )
 
 
@@ -98,6 +102,7 @@ class RayJobApi:
         self.token_file = token_file
         self.timeout = timeout
         self.context = None
+        self.last_object: Optional[dict] = None  # the RayJob as the last get() read it
         if server.startswith("https://"):
             self.context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
 
@@ -116,7 +121,7 @@ class RayJobApi:
     def get(self) -> RayJobStatus:
         """The status; ``exists=False`` on 404. Raises :class:`ApiUnavailable` on 401/403 and ``OSError`` (retry
         later) on anything else: a network error, a timeout, a 5xx."""
-        obj = self.get_json(self.url, "get this RayJob")
+        obj = self.last_object = self.get_json(self.url, "get this RayJob")
         if obj is None:
             return RayJobStatus(exists=False)
         try:
@@ -134,35 +139,38 @@ class RayJobApi:
     def get_json(self, url: str, what: str) -> Optional[dict]:
         """One GET with the token: the JSON answer, None on 404; :class:`ApiUnavailable` on 401/403 (``what`` names
         the permission), ``OSError`` on anything else."""
-        req = urllib.request.Request(url, headers={"Accept": "application/json"})
+        return self._request("GET", url, what)
+
+    def _request(self, method: str, url: str, what: str, body: Optional[dict] = None,
+                 content_type: str = "application/merge-patch+json") -> Optional[dict]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method, headers={"Accept": "application/json"})
+        if data is not None:
+            req.add_header("Content-Type", content_type)
         if self.token_file is not None:
             req.add_header("Authorization", f"Bearer {self.token_file.read_text().strip()}")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as resp:
-                return json.loads(resp.read())
+                text = resp.read()
+                return json.loads(text) if text.strip() else {}
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
             if exc.code in (401, 403):
-                raise ApiUnavailable(f"HTTP {exc.code} for GET {url}: the service account may not {what} "
+                raise ApiUnavailable(f"HTTP {exc.code} for {method} {url}: the service account may not {what} "
                                      "(logs.rbac.create, docs/deploy.md)") from None
-            raise OSError(f"HTTP {exc.code} for GET {url}") from None
+            raise OSError(f"HTTP {exc.code} for {method} {url}") from None
         except ValueError as exc:  # not JSON
-            raise OSError(f"GET {url}: unreadable answer ({exc})") from None
+            raise OSError(f"{method} {url}: unreadable answer ({exc})") from None
+
+    def patch(self, body: dict, what: str = "patch this RayJob") -> Optional[dict]:
+        """A JSON merge patch (RFC 7386) of this RayJob: the object after it, None when it is gone. A body holding
+        ``metadata.resourceVersion`` is refused with HTTP 409 (``OSError``) when the object changed since it was
+        read, so a list replaced whole is replaced only in the version it was computed from."""
+        return self._request("PATCH", self.url, what, body)
 
     def delete(self, path: str) -> bool:
         """``DELETE`` of ``path`` (an object of this namespace; its dependents deleted in the background); False when
         it was already gone. Raises :class:`ApiUnavailable` on 401/403 and ``OSError`` on anything else."""
         url = f"{self.server}{path}?propagationPolicy=Background"
-        req = urllib.request.Request(url, method="DELETE", headers={"Accept": "application/json"})
-        if self.token_file is not None:
-            req.add_header("Authorization", f"Bearer {self.token_file.read_text().strip()}")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self.context):
-                return True
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return False
-            if exc.code in (401, 403):
-                raise ApiUnavailable(f"HTTP {exc.code} for DELETE {url}: the service account may not delete it") from None
-            raise OSError(f"HTTP {exc.code} for DELETE {url}") from None
+        return self._request("DELETE", url, f"delete {path}") is not None

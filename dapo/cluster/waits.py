@@ -18,6 +18,18 @@ events, ``get`` on the RayJob; the chart's Role ``<release>-logs``):
   ``Disrupted``, the scheduler's ``Preempted``, the taint manager's ``TaintManagerEviction``); a pod's event that
   repeats what its status already says (FailedScheduling, a failed pull) is left out.
 
+A status that gives the symptom keeps its cause: the kubelet's ``ImagePullBackOff`` says only ``Back-off pulling
+image "<image>"``, and the registry's answer (``429 Too Many Requests``, ``401 Unauthorized``, ``not found``) is in
+the pod's Warning event ``Failed`` -- ``Failed to pull image "<image>": <the runtime's error>`` -- that the last pull
+left. So a Back-off line carries the latest such event's error of the same image in the place of the Back-off sentence:
+``container ray-worker ImagePullBackOff: image <image>: the last pull failed: failed to pull and unpack image ... 429
+Too Many Requests - Server message: toomanyrequests: ...``. The kubelet's other Warning ``Failed`` events of a pull, ``Error:
+ErrImagePull`` and ``Error: ImagePullBackOff``, name only the status reason and are never taken for the cause. (The
+texts: Kubernetes ``pkg/kubelet/images/image_manager.go`` ``EnsureImageExists`` -- ``Failed to pull image %q: %v``
+(Warning ``Failed``), ``Back-off pulling image %q`` (Normal ``BackOff``, and the status message) --, and
+``pkg/kubelet/kuberuntime/kuberuntime_container.go`` ``startContainer`` -- ``Error: %v`` of the status reason
+(Warning ``Failed``).)
+
 Concise. A message keeps its decisive part: long messages (a registry's error chain) keep their head and their end,
 where Go's wrapped errors put the root cause, and an HTTP status in the middle (``429 Too Many Requests``) is kept
 too; digests are shortened. One cause over many pods is one line: ``16 worker pods: not scheduled: Unschedulable:
@@ -63,6 +75,9 @@ REPEATS_STATUS = {"FailedScheduling": "not scheduled", "Failed": ("container", "
 # what disrupts a running attempt (news while its driver runs)
 DISRUPTIVE_EVENTS = ("Preempted", "TaintManagerEviction", "Evicted", "Disrupted", "NodeNotReady", "ScaleDown",
                      "Killing", "FailedPostStartHook", "OOMKilling", "SystemOOM")
+# the kubelet's event of a failed pull (module doc): the image as the pod spec names it, then the runtime's error
+PULL_FAILED = re.compile(r'Failed to pull image "(?P<image>[^"]+)": (?P<why>.+)', re.S)
+UNKNOWN_RPC = re.compile(r"^rpc error: code = Unknown desc = ")
 HTTP_STATUS = re.compile(r"\b[45]\d\d(?: [A-Z][A-Za-z-]*)+")
 DIGEST = re.compile(r"\b(sha256:[0-9a-f]{12})[0-9a-f]{52}\b")
 
@@ -103,7 +118,34 @@ class Cause:
     disruptive: bool = False
 
 
-def _container_causes(pod: str, group: str, spec: dict, st: dict) -> list[Cause]:
+def pull_failures(events: list[dict]) -> dict[tuple[str, str], str]:
+    """(pod, image) -> the runtime's error of the latest failed pull of that image in that pod (module doc), from the
+    kubelet's Warning events ``Failed to pull image "<image>": <error>``, latest by ``lastTimestamp`` (else
+    ``eventTime``, else the list's order)."""
+    out: dict[tuple[str, str], str] = {}
+    for ev in sorted(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or "")):
+        obj = ev.get("involvedObject") or {}
+        m = PULL_FAILED.match(" ".join(str(ev.get("message") or "").split()))
+        if ev.get("type") == "Warning" and obj.get("kind") == "Pod" and m:
+            out[(str(obj.get("name")), m.group("image"))] = m.group("why")
+    return out
+
+
+def _pull_cause(waiting: dict, image: str, pulls: dict[str, str]) -> str:
+    """The waiting message of a failed pull; for a Back-off that does not say why, the last pull's error instead of
+    the kubelet's ``Back-off pulling image "<image>"`` (the line names the reason and the image already), less the
+    gRPC wrapper ``rpc error: code = Unknown desc =`` that carries nothing."""
+    message = decisive(waiting.get("message"))
+    why = decisive(UNKNOWN_RPC.sub("", pulls.get(image) or ""))
+    if waiting.get("reason") != "ImagePullBackOff" or not why or why in message:
+        return message
+    if message in ("", f'Back-off pulling image "{image}"'):
+        return f"the last pull failed: {why}"
+    return f"{message}; the last pull failed: {why}"
+
+
+def _container_causes(pod: str, group: str, spec: dict, st: dict,
+                      pulls: Optional[dict[str, str]] = None) -> list[Cause]:
     images = {c.get("name"): c.get("image") for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])}
     out = []
     statuses = [("init container", c) for c in st.get("initContainerStatuses") or []]
@@ -114,8 +156,9 @@ def _container_causes(pod: str, group: str, spec: dict, st: dict) -> list[Cause]
         last = (c.get("lastState") or {}).get("terminated") or {}
         reason, name = waiting.get("reason") or "", c.get("name")
         if reason in IMAGE_WAITING:
-            out.append(Cause(f"{what} {name} {reason}: image {c.get('image') or images.get(name)}: "
-                             f"{decisive(waiting.get('message'))}", pod, group))
+            image = images.get(name) or c.get("image") or ""  # the spec's name is the one the kubelet's events use
+            out.append(Cause(f"{what} {name} {reason}: image {c.get('image') or image}: "
+                             f"{_pull_cause(waiting, image, pulls or {})}", pod, group))
         elif reason == "CrashLoopBackOff":
             text = f"{what} {name} CrashLoopBackOff ({last.get('reason') or 'exit'} code {last.get('exitCode', '?')}"
             text += f", {c.get('restartCount', 0)} restarts)"
@@ -136,8 +179,9 @@ def _container_causes(pod: str, group: str, spec: dict, st: dict) -> list[Cause]
     return out
 
 
-def pod_causes(pod: dict) -> list[Cause]:
-    """Why one pod is not running, or what disrupted it (none for a pod whose containers all run)."""
+def pod_causes(pod: dict, pulls: Optional[dict[str, str]] = None) -> list[Cause]:
+    """Why one pod is not running, or what disrupted it (none for a pod whose containers all run); ``pulls``: image
+    -> the error of its last failed pull in this pod (:func:`pull_failures`), the cause a Back-off does not say."""
     meta, spec, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     name = meta.get("name", "?")
     group = ((meta.get("labels") or {}).get("app.kubernetes.io/component") or "").rpartition("-")[2]
@@ -149,7 +193,7 @@ def pod_causes(pod: dict) -> list[Cause]:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
             out.append(Cause(f"being removed: {cond.get('reason')}: {decisive(cond.get('message'))}", name, group,
                              disruptive=True))
-    out += _container_causes(name, group, spec, st)
+    out += _container_causes(name, group, spec, st, pulls)
     if st.get("phase") == "Failed":
         out.append(Cause(f"failed: {st.get('reason') or ''} {decisive(st.get('message'))}".rstrip(), name, group,
                          disruptive=True))
@@ -198,6 +242,7 @@ class Waits:
         self.disruptions: list[str] = []
         self.printed_running: set[str] = set()  # the shapes printed while this attempt's driver runs
         self.disabled = False
+        self.last: Optional[tuple[list[dict], list[dict]]] = None  # (pods, events) of the last read
 
     def new_attempt(self) -> None:
         """A new attempt's driver starts: the last attempt's disruptions are forgotten (module doc)."""
@@ -214,8 +259,10 @@ class Waits:
         names = {(p.get("metadata") or {}).get("name") for p in pods}
         from_status = {}
         causes = []
+        pulls = pull_failures(events)
         for p in pods:
-            found = pod_causes(p)
+            name = (p.get("metadata") or {}).get("name")
+            found = pod_causes(p, {image: why for (pod, image), why in pulls.items() if pod == name})
             from_status[(p.get("metadata") or {}).get("name")] = found
             causes += found
         watched = {("RayJob", self.api.name)} | ({("PersistentVolumeClaim", self.claim)} if self.claim else set())
@@ -241,7 +288,7 @@ class Waits:
         if self.disabled:
             return [], None
         try:
-            pods, events = self.read()
+            pods, events = self.last = self.read()
         except ApiUnavailable as exc:
             self.disabled = True
             return [], f"{exc}; waits are not explained, the run's logs still are"

@@ -19,9 +19,6 @@ Raw sources (``dapo data prepare``): a hub dataset (``math-ai/aime25`` ``test.js
 ``opencompass/AIME2025`` ``aime2025-I.jsonl`` + ``aime2025-II.jsonl``: ``question, answer``;
 ``HuggingFaceH4/MATH-500`` ``test.jsonl``: ``problem, solution, answer, subject, level, unique_id``), a local mirror
 (``--source DIR``: ``DIR/<owner>/<name>/<file>`` or ``DIR/<file>``) or a file (jsonl, json or parquet).
-
-Imports only :mod:`dapo.data.files` of the project (lazily, to write the rows); :mod:`dapo.data.prepare` and
-:mod:`dapo.data.cli` import this module, never the other way round.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """``dapo data``: the command line of :mod:`dapo.data.prepare` (``prepare``) and of the file checks (``check``),
 and what one epoch over each prepared file means for the presets.
-
-Imports :mod:`dapo.data` and, lazily, ``dapo.config`` and the planner (:mod:`dapo.plan.steps`, for
-:func:`epochs_table`): the only part of the package that reaches the planner.
 """
 
 from __future__ import annotations

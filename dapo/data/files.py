@@ -3,8 +3,6 @@
 Every reader validates against :mod:`dapo.data.schema` and raises :class:`dapo.data.parquet.DataError` naming the
 file, the first bad row and the column; every writer writes a temporary file beside the target and renames it into
 place (``os.replace``), so a reader never sees a half-written parquet.
-
-Imports :mod:`dapo.data.schema`, :mod:`dapo.data.parquet` and :mod:`dapo.util.fsutil` of the project.
 """
 
 from __future__ import annotations

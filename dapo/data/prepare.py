@@ -13,8 +13,7 @@ times: 1,791,700 rows), optionally writes a de-duplicated training file (``dapo-
 what one epoch over each file means in rollout and gradient steps for the presets (see ``dapo.plan.steps``).
 
 The rows are in the DAPO schema (:mod:`dapo.data.schema`); files are checked, de-duplicated and written by
-:mod:`dapo.data.files`; ``dapo data`` is :mod:`dapo.data.cli`. Imports those, :mod:`dapo.data.parquet`,
-:mod:`dapo.util.fsutil` and, lazily, :mod:`dapo.data.benchmarks`; never the planner or the CLI.
+:mod:`dapo.data.files`; ``dapo data`` is :mod:`dapo.data.cli`.
 
 Idempotent and crash-safe: each output is written to a temporary file in the output directory, validated, then
 renamed into place (``os.replace``), so a reader never sees a half-written parquet; ``manifest.json`` beside the files

@@ -8,8 +8,6 @@ The DAPO row schema (what verl's RLHFDataset and the DAPO reward manager read)::
     ability       str                         e.g. "MATH"
     reward_model  {ground_truth: str, style: str}   the verifier's answer, e.g. {"ground_truth": "34", "style": "rule"}
     extra_info    struct                      free-form (index, raw_problem, ...)
-
-Imports only :mod:`dapo.data.parquet` of the project; :mod:`dapo.data.files` reads and writes files with it.
 """
 
 from __future__ import annotations

@@ -11,5 +11,6 @@
   (:mod:`~dapo.eval.results`).
 
 ``dapo eval`` / ``python -m dapo.eval`` is :mod:`dapo.eval.cli` (``dapo eval run``: :mod:`~dapo.eval.run_cli`).
-Imports the core, ``dapo.util``, ``dapo.config`` and ``dapo.data``.
+It may import the core, ``dapo.util``, ``dapo.config`` and ``dapo.data``: training reports read its results,
+so it sits below ``dapo.train``.
 """

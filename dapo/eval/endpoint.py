@@ -2,8 +2,6 @@
 request per test row against an OpenAI-compatible endpoint (Ray Serve LLM / vLLM), retries with full-jitter backoff
 on transient failures (connection errors, timeouts, 408/409/425/429/5xx), and the concurrent request loop that
 appends each answer to the durable log as it arrives.
-
-Imports :mod:`dapo.eval.records` (errors, test rows, the answer log) and nothing else of the project.
 """
 
 from __future__ import annotations

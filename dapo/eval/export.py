@@ -29,9 +29,6 @@ Layouts understood (``CKPT`` = the run's ``trainer.default_local_dir``):
 Step selection: ``latest`` (the tracker file, else the highest ``global_step_N``) or a number. The export is written
 to a temporary sibling directory, completed with a marker file (``.dapo-export.json``), and renamed into place
 atomically: a target with the marker is reused (skipped), a target without it is never overwritten.
-
-Imports :mod:`dapo.eval.fsdp_merge` (the shard merge, :class:`ExportError`, the dtypes) and nothing else of the
-project.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ a plain tensor as the one copy every rank holds; ``write_safetensors`` casts to 
 full-precision tensor, not the model.
 
 Holds :class:`ExportError` and the export dtypes, which :mod:`dapo.eval.export` (step resolution, the atomic export,
-its CLI arguments) builds on. Imports nothing of the project; torch and safetensors lazily.
+its CLI arguments) builds on.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Scoring and reports of an evaluation: every answer verified (the DAPO verifier, math-verify where the benchmark
 asks for it), the metrics (:mod:`dapo.eval.metrics`), ``results.parquet`` and ``summary.json`` written, the summary as
 text, and the optional Weights & Biases log.
-
-Imports :mod:`dapo.eval.records`, :mod:`dapo.eval.endpoint` (the settings and counters a summary records),
-:mod:`dapo.eval.metrics` and ``dapo.reward``.
 """
 
 from __future__ import annotations

@@ -22,8 +22,6 @@ for ``dapo eval run``. Scripts that start vLLM need an ``if __name__ == "__main_
 HTTP: Serve's proxy listens on a loopback address only (``http_options`` host, default ``127.0.0.1:8000``; any other
 host is refused): it authenticates no one and Ray's token does not cover it. The chart's evaluation driver runs on the
 head beside the ``HeadOnly`` proxy; from elsewhere, ``kubectl port-forward`` reaches it.
-
-Imports nothing of the project (Ray Serve and vLLM lazily, inside the functions that need them).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """``dapo eval serve`` (and ``python eval/serve.py``): the serving flags, a :class:`~dapo.eval.serve.ServeConfig`
 from them (``dapo eval run`` builds its serving from the same flags), and the blocking serve that deploys the app,
 prints the endpoint and removes it on SIGTERM / Ctrl-C.
-
-Imports :mod:`dapo.eval.serve` and nothing else of the project.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 benchmarks of each (:class:`Task`: ``--benchmarks`` or the single ``--test-file``), which of them already have a
 complete result (a rerun skips them), the served model's default name, and the tables written per checkpoint and
 across checkpoints.
-
-Imports ``dapo.data.benchmarks``, :mod:`dapo.eval.export` and :mod:`dapo.eval.results` (inside the functions).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ cluster-autoscaler-status``, its ``nodeGroups[].health``: ``maxSize - cloudProvi
 is not in it) and Karpenter's NodePools (``karpenter.sh/v1``: ``spec.limits`` minus ``status.resources`` of the
 pools whose taints the pod tolerates). Neither visible: unknown.
 
-Pure functions of plain data; imports nothing of the project.
+Pure functions of plain data: their callers read the cluster.
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@ coalesced values checked by the chart's rules, the release and namespace, the me
 preset after the overrides, the object names, labels and metadata. :class:`dapo.k8s.pods.PodTemplates`,
 :class:`dapo.k8s.rayjobs.RayJobs`, :class:`dapo.k8s.helm_tests.HelmTestPods` and :class:`dapo.k8s.manifests.Chart`
 build on it.
-
-Imports :mod:`dapo.k8s.presets`, :mod:`dapo.k8s.security`, :mod:`dapo.k8s.values` and :mod:`dapo.k8s.versions` only.
 """
 
 from __future__ import annotations

@@ -31,8 +31,7 @@ Files CSI (``file.csi.azure.com``); csi-driver-nfs (``nfs.csi.k8s.io``), Ceph CS
 NFS subdir external provisioner (``k8s-sigs.io/nfs-subdir-external-provisioner``). Block-volume drivers that do not:
 AWS EBS (``ebs.csi.aws.com``), GKE Persistent Disk (``pd.csi.storage.gke.io``), Azure Disk (``disk.csi.azure.com``).
 
-The checks themselves are :mod:`dapo.k8s.doctor_checks`, the command line ``dapo.k8s.doctor_cli``. Imports
-:mod:`dapo.k8s.capacity` and :mod:`dapo.k8s.security`; the ``kubernetes`` client lazily (:class:`Cluster`).
+The checks themselves are :mod:`dapo.k8s.doctor_checks`, the command line ``dapo.k8s.doctor_cli``.
 """
 
 from __future__ import annotations

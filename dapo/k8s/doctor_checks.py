@@ -1,8 +1,6 @@
 """The checks of ``dapo doctor`` (:mod:`dapo.k8s.doctor` says what each compares), one function per row group,
 each reading through the :class:`~dapo.k8s.doctor.Doctor` it is given; :func:`run` runs them in order, a check the
 API does not let this user read becoming a "cannot read" row.
-
-Imports :mod:`dapo.k8s.doctor`, :mod:`dapo.k8s.capacity` and :mod:`dapo.k8s.versions`.
 """
 
 from __future__ import annotations

@@ -7,8 +7,6 @@ Every training run of our trainer on more than one GPU node declares the fabric 
 without a declared fabric NCCL falls back to TCP sockets without an error, and a 16-node run trains for days several
 times slower. One node, verl on CPU, the local backend and the reference runner (the upstream recipe, which has no
 check) declare none; a declared fabric is then not checked.
-
-Imports :mod:`dapo.k8s.presets` (its error type) and :mod:`dapo.util.gofmt`.
 """
 
 from __future__ import annotations

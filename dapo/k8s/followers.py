@@ -25,9 +25,6 @@ RoleBinding names its ServiceAccount's namespace, so without a namespace (``scri
 A Job's pod template cannot change, so the Job carries ``dapo-k8s.github.io/spec-sha256`` (of its spec) and an
 upgrade is refused while the Job exists and its spec would change or its RayJob is gone
 (:func:`dapo.k8s.upgrade.follower_refusal`, the chart's ``dapo.followerGuard``).
-
-Imports :mod:`dapo.k8s.rayjobs`, :mod:`dapo.k8s.security`, :mod:`dapo.k8s.upgrade`; :mod:`dapo.reference.command` lazily (the reference
-runner's log directory).
 """
 
 from __future__ import annotations

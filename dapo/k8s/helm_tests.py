@@ -1,7 +1,5 @@
 """The ``helm test`` hook pods (not among the release's objects): ``K-test-shared`` writes and reads back the shared
 volume, ``K-test-gpu`` (``test.gpu``) checks one GPU worker's driver and devices -- the chart's ``test-*.yaml``.
-
-Imports :mod:`dapo.k8s.context` and :mod:`dapo.k8s.security` only.
 """
 
 from __future__ import annotations

@@ -9,8 +9,6 @@ The chart's ``dapo.installRules`` (``templates/_validate.tpl``) applies the same
   that the images named do exist (a published release tag).
 - Storage class: ``shared-rwx`` (:data:`PLACEHOLDER_CLASS`) is what ``values/*.yaml`` carry on the line the user
   must change; no cluster has it, the claim would stay Pending and every pod with it.
-
-Imports :mod:`dapo.k8s.versions` (the pins, image_ref), :mod:`dapo.k8s.presets` (the error type), :mod:`dapo.util.gofmt`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The Ray pods of a RayJob: head and worker group templates, their containers (environment, lifecycle,
 securityContext), volumes and mounts, and the head's init containers (fix-ownership, data-prepare, model-fetch) --
 the chart's ``dapo.rayJob`` pod parts.
-
-Imports :mod:`dapo.k8s.context`, :mod:`dapo.k8s.presets`, :mod:`dapo.k8s.security` and :mod:`dapo.k8s.values`.
 """
 
 from __future__ import annotations
@@ -105,6 +103,9 @@ class PodTemplates(ChartContext):
         if (v.get("wandb") or {}).get("entity"):
             env.append({"name": "WANDB_ENTITY", "value": v["wandb"]["entity"]})
         env.append({"name": "RAY_memory_monitor_refresh_ms", "value": "0"})
+        # the node and pod of this Ray process (downward API): the run names a failing or slow node by them
+        env += [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+                for name, path in (("DAPO_NODE_NAME", "spec.nodeName"), ("DAPO_POD_NAME", "metadata.name"))]
         if head:
             env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})
         env += [{"name": k, "value": v["nccl"][k]} for k in sorted(v["nccl"])]

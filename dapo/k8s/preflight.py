@@ -29,8 +29,6 @@ its init containers then run, in order, each with its own log:
 The Job runs for a GPU training run only (the verl backend on GPUs). The hook is deleted when it succeeded and kept
 when it failed (``kubectl logs job/K-preflight --all-containers``; each failed check ends with the next step), until
 the next install or upgrade replaces it.
-
-Imports :mod:`dapo.k8s.context`, :mod:`dapo.k8s.security`, :mod:`dapo.plan.memory` and :mod:`dapo.config` (the preset's checkpoint numbers).
 """
 
 from __future__ import annotations

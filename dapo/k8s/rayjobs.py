@@ -1,9 +1,6 @@
 """The RayJob objects: the training RayJob (``python -m dapo.train`` or, with ``train.runner: reference``, the
 upstream recipe through :mod:`dapo.reference`), the evaluation RayJob (``dapo eval run``), and the RayJob spec they
 share (submitter, cluster of :mod:`dapo.k8s.pods`, spec hash of :mod:`dapo.k8s.upgrade`).
-
-Imports :mod:`dapo.k8s.pods`, :mod:`dapo.k8s.presets`, :mod:`dapo.k8s.security`, :mod:`dapo.k8s.upgrade`; :mod:`dapo.config` and
-:mod:`dapo.reference` lazily (the reference runner only).
 """
 
 from __future__ import annotations

@@ -18,8 +18,6 @@ chosen values.
 - Restricted Pod Security: the helper containers (data preparation, model download, the K8sJobMode submitter, the
   helm test pods) always run with :data:`RESTRICTED_CONTAINER`; the Ray containers with ``securityContext`` and every
   pod with ``podSecurityContext`` (both restricted by default).
-
-Imports :mod:`dapo.k8s.presets` only.
 """
 
 from __future__ import annotations

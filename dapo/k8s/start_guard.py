@@ -16,7 +16,7 @@ RoleBinding; the token is projected into its one container only (``automountServ
 runs where the log follower runs (the head's node selector and tolerations), in the follower's image, restricted.
 
 Without a namespace (``scripts/render.py`` without ``--namespace``) it is left out: a RoleBinding names its
-ServiceAccount's namespace. Imports :mod:`dapo.k8s.followers` and :mod:`dapo.k8s.security`.
+ServiceAccount's namespace.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the preset files the training job reads); replacing a live RayJob by one with an
 follower Jobs carry the hash of their own spec (a Job's pod template cannot change): an upgrade is refused while one
 exists and would change, or while the RayJob it follows is gone (``dapo.followerGuard``).
 
-Pure functions of plain data; imports nothing of the project.
+Pure functions of plain data: their callers read the cluster.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 the dynamic-sampling keep rate, achieved fractions of peak bandwidth / FLOPs and fixed overheads. Every plan prints
 them; they are calibrated on the published runs in :mod:`dapo.plan.calibration`. (The loop's host-memory model has
 its own, :class:`dapo.plan.memory.SizingAssumptions`.)
-
-Imports nothing of the project.
 """
 
 from __future__ import annotations

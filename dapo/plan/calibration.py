@@ -1,7 +1,5 @@
 """Calibration anchors: published wall-clock measurements of DAPO runs the time model of
 :mod:`dapo.plan.estimate` is checked against (``ANCHORS``; tests/test_plan.py, the ``calibration`` docs table).
-
-Imports :mod:`dapo.config` and the plan's library modules only.
 """
 
 from __future__ import annotations

@@ -45,9 +45,6 @@ download in the HF cache is bf16 (2N); data is a
 fixed allowance; 10% headroom on top. ``max_ckpt_to_keep: null`` (keep all) counts every checkpoint the run saves.
 
 The chart's copy of these numbers (charts/dapo/files/requirements.yaml) is written by :mod:`dapo.plan.cli`.
-Imports :mod:`dapo.plan.models` (the model's parameters) and the checkpoint contents of
-:mod:`dapo.backends.verl.settings` only; :mod:`dapo.k8s` (the chart's values check) and
-:mod:`dapo.plan.cli` sit on top of it.
 """
 
 from __future__ import annotations

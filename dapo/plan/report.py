@@ -1,8 +1,6 @@
 """A plan as text (:func:`render_text`, what ``dapo plan`` prints) and the generated markdown tables of the docs
 (:func:`markdown_block`, ``dapo plan --markdown``; :func:`update_docs` rewrites them between the ``DOCS_BEGIN`` /
 ``DOCS_END`` markers, docs/reproduce.md; tests/test_plan.py checks they are fresh).
-
-Imports :mod:`dapo.config` and the plan's library modules; never the CLI, :mod:`dapo.plan.memory` or :mod:`dapo.k8s`.
 """
 
 from __future__ import annotations

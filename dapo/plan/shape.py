@@ -2,8 +2,6 @@
 findings (:class:`Check`, collected in order in :class:`Checks`) and the first of them: the divisibility and shape
 checks of :func:`check_shape` (what verl, vLLM or the model refuse at this placement). :mod:`dapo.plan.estimate`
 adds memory, tokens, time and run length.
-
-Imports :mod:`dapo.config`, :mod:`dapo.plan.assumptions` and :mod:`dapo.plan.models` only.
 """
 
 from __future__ import annotations

@@ -18,8 +18,6 @@ Step semantics (the #1 source of confusion when reproducing DAPO)
 * an **epoch** is one pass of the dataloader (batches of ``gen_batch_size`` prompts, last partial batch dropped).
   The hub DAPO-Math-17k file is ~17.9k problems repeated ~100x (1,791,700 rows), so one epoch of ``full`` is 1,166
   generation rounds -- months of compute -- while the paper stopped after ~320 rollout steps.
-
-Imports :mod:`dapo.config` and :mod:`dapo.plan.assumptions` (the default keep rate) only.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 names (checked, then replacing generated arguments in place), the RayJob entrypoint that runs the recipe under
 :mod:`dapo.reference.attempt_log`, and ``python -m dapo.reference`` (:func:`main`) printing the command of a preset.
 
-:mod:`dapo.k8s.rayjobs` and the chart's ``_reference.tpl`` build the same command. Imports
-:mod:`dapo.reference.translate` and :mod:`dapo.config`; :mod:`dapo.k8s.presets` lazily.
+:mod:`dapo.k8s.rayjobs` and the chart's ``_reference.tpl`` build the same command.
 """
 
 from __future__ import annotations

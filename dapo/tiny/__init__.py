@@ -3,5 +3,5 @@
 DAPO-Math-17k parquet schema (:mod:`~dapo.tiny.task`), and a supervised warm start (:mod:`~dapo.tiny.warmstart`).
 
 :func:`dapo.tiny.assets.prepare` builds (or reuses from its cache directory) everything the local backend needs.
-Imports ``dapo.util`` and ``dapo.config``; never a backend.
+It may import ``dapo.util`` and ``dapo.config``, never a backend: the backends build on these assets.
 """

@@ -7,9 +7,6 @@ verl's own trainer (the public "DAPO Reproduction on verl" runs) beside ours. Se
 validation accuracy (AIME avg@k in the full recipe), reward and accuracy, response length and the overlong / clip
 ratios, entropy and mean probability (the paper's Fig. 7), dynamic sampling (kept-group ratio, generation batches),
 throughput / MFU / time per step, the rollout-training mismatch, and the policy update.
-
-Imports nothing of the project (tests check every plotted name against :mod:`dapo.train.metric_names`);
-``wandb_workspaces`` lazily.
 """
 
 from __future__ import annotations

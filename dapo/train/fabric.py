@@ -24,7 +24,7 @@ a fallback or a fabric running on a fraction of its NICs, not a 20% regression: 
 
 This module measures and judges (torch.distributed, any backend: NCCL on GPUs, gloo on CPU for the tests); the
 processes come from the verl backend's Ray actors (:mod:`dapo.backends.verl.fabric`) or, for one rank by hand,
-``python -m dapo.train.fabric --rank R --world N --init tcp://HOST:PORT``. Imports torch only.
+``python -m dapo.train.fabric --rank R --world N --init tcp://HOST:PORT``.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from dapo.train.attempts import EXIT_FABRIC  # noqa: F401  (dapo train's exit codes live there)
+
 # message sizes (bytes) of the all-reduce sweep: 1 MiB .. 1 GiB
 SIZES = tuple(2**k for k in range(20, 31, 2))
-EXIT_FABRIC = 5  # dapo train: the fabric check failed (wrong transport or too little bandwidth, or its ranks could
-# not be placed); nothing trained
 # How long the check waits for its ranks' nodes (seconds). KubeRay submits the job once the RayCluster's pods are
 # running, so every worker node is normally in Ray within seconds of the driver's start; ten minutes leave room for a
 # worker pod that restarts or an autoscaler that adds one.

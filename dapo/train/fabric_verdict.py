@@ -8,8 +8,6 @@ the failed attempt's time and its reasons. "The same check" is :func:`check_key`
 recheck token and the run's network environment (``NCCL_*``, ``FI_*``, ``LD_LIBRARY_PATH``); a change of any of them
 -- a new cloud file, another ``nccl`` value, a new ``fabric.recheck`` token (``dapo train --fabric-recheck TOKEN``) --
 runs the check again. A passing check removes the file.
-
-Imports the standard library only.
 """
 
 from __future__ import annotations

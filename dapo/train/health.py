@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-EXIT_HEALTH_STOP = 3  # a guard in recipe.trainer.health.stop_on fired; the run checkpointed and stopped
-EXIT_SAMPLER_EXHAUSTED = 4  # dynamic sampling hit max_num_gen_batches without filling the batch; checkpointed
+from dapo.train.attempts import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED  # noqa: E402,F401  (one table of exit codes)
 
 from dapo.config import HEALTH_GUARDS as GUARDS  # noqa: E402
 

@@ -6,8 +6,6 @@ Each is the framework-free twin of a verl 0.9.1 ``RayPPOTrainer.fit()`` function
 returns are its advantages), :func:`timing_metrics` of ``compute_timing_metrics`` and ``compute_throughout_metrics``.
 The local backend logs these; the verl backend logs the values of verl's own functions on its ``DataProto``
 (:mod:`dapo.backends.verl.fit_metrics`), which tests/test_fit_metrics.py checks equal to these on the same batch.
-
-Imports numpy only.
 """
 
 from __future__ import annotations

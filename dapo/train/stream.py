@@ -1,7 +1,5 @@
 """The training data's order and the process's randomness: :class:`PromptStream` (the prompts of each generation batch,
 epoch after epoch, with a resumable cursor) and :func:`configure_determinism` (seeds; deterministic torch kernels).
-
-Imports numpy (torch lazily); nothing of the project.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
   (:func:`cpu_seconds`) into ``summary.json`` and the log; then the health plots (:mod:`dapo.train.report`).
 
 It uses the loop's ``backend``, ``recipe``, ``val_rows``, ``val_sampling``, ``run_dir``, ``step``, ``total_steps``,
-``val_history``, ``gen_samples_total``, ``score``, ``_dump`` and ``log``. Imports numpy and ``dapo.train.*``.
+``val_history``, ``gen_samples_total``, ``score``, ``_dump`` and ``log``.
 """
 
 from __future__ import annotations

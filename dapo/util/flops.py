@@ -4,7 +4,7 @@ accelerators too), :func:`peak_flops` (a device name -> its dense BF16 peak, Non
 ``verl.utils.flops_counter._estimate_qwen2_flops``).
 
 MFU = :func:`train_flops` / (seconds x :func:`peak_flops`), divided by 3 for a forward-only pass, as verl's workers
-compute ``perf/mfu/actor`` and ``perf/mfu/actor_infer``. Imports nothing of the project.
+compute ``perf/mfu/actor`` and ``perf/mfu/actor_infer``.
 """
 
 from __future__ import annotations

@@ -82,6 +82,15 @@ Environment of every Ray container. Usage: include "dapo.env" (dict "root" $ "he
 {{- end }}
 - name: RAY_memory_monitor_refresh_ms
   value: "0"
+# the Kubernetes node and pod of this Ray process, from the downward API: the run names a failing or slow node by them
+- name: DAPO_NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: DAPO_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
 {{- if .head }}
 - name: NVIDIA_VISIBLE_DEVICES
   value: void

@@ -10,8 +10,7 @@ verl backend runs on a cluster). It holds the model, tokenizer, optimizer and sa
   weights as a HF model directory (``actor/``, loadable with ``from_pretrained``) and the optimizer, scheduler and
   sampling-generator states (``actor_state.pt``).
 
-:func:`dapo.backends.local.run.run` is the ``dapo train`` entrypoint for ``placement.backend: local``. Imports torch,
-transformers (lazily), :mod:`dapo.backends.base` and the two halves above.
+:func:`dapo.backends.local.run.run` is the ``dapo train`` entrypoint for ``placement.backend: local``.
 """
 
 from __future__ import annotations
@@ -153,6 +152,15 @@ class LocalBackend(Generation, PolicyUpdate, Backend):
     @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+    def weights_finite(self) -> bool:
+        """Every parameter finite (one reduction per tensor, on the model's device)."""
+        with torch.no_grad():
+            return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+
+    def checkpoint_bytes(self) -> int:
+        """The weights and AdamW's two moments (same dtype as the weights), as :meth:`save_checkpoint` writes."""
+        return 3 * sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def encode_prompt(self, row: dict[str, Any]) -> list[int]:
         """Chat-templated prompt ids of a DAPO-schema row (``row[prompt_key]`` is the chat list), truncated per

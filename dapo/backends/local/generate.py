@@ -12,7 +12,7 @@
 
 :class:`Generation` uses what ``LocalBackend.__init__`` sets: ``model``, ``device``, ``tokenizer``, ``pad_id``,
 ``eos_ids``, ``generator``, ``share_prefix``, ``gen_chunk_size``, ``autocast``, ``counters``, ``_next_gid``,
-``recipe``, ``reuse_gen_log_probs``, ``_weights_tag`` and ``encode_prompt``. Imports torch, transformers (lazily), :mod:`dapo.backends.base` and :mod:`dapo.util.lm_forward`.
+``recipe``, ``reuse_gen_log_probs``, ``_weights_tag`` and ``encode_prompt``.
 """
 
 from __future__ import annotations

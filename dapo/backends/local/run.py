@@ -3,7 +3,7 @@
 
 Reads the DAPO-schema parquet files (:func:`dapo.data.files.read_rows`, as the verl backend does), builds the tiny
 assets for ``recipe.model.path: builtin:tiny``, constructs :class:`dapo.backends.local.backend.LocalBackend` and runs
-:class:`dapo.train.loop.DAPOLoop` on it. Imports the local backend, :mod:`dapo.tiny.assets` and the loop (both lazily).
+:class:`dapo.train.loop.DAPOLoop` on it.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def run(preset, args) -> int:
         flush=True,
     )
     loop = DAPOLoop(
-        preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False)
+        preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False),
+        ending=getattr(args, "attempt_end", None), watchdog=getattr(args, "watchdog", None),
     )
     try:
         return loop.fit()

@@ -23,8 +23,7 @@
 :class:`PolicyUpdate` uses what ``LocalBackend.__init__`` sets: ``recipe``, ``model``, ``ref_model``, ``device``,
 ``optimizer``, ``scheduler``, ``micro_batch_size``, ``share_prefix``, ``autocast``, ``counters`` and
 ``_computed_tokens``. ``perf/mfu/actor`` and ``perf/mfu/actor_infer`` are verl's MFU of the two passes, logged where
-the device's peak is known (:mod:`dapo.util.flops`). Imports torch, the core (:mod:`dapo.loss`),
-:mod:`dapo.backends.base`, :mod:`dapo.util.flops` and :mod:`dapo.util.lm_forward`.
+the device's peak is known (:mod:`dapo.util.flops`).
 """
 
 from __future__ import annotations

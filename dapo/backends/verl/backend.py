@@ -25,8 +25,7 @@ Weights: one actor -> vLLM sync per step, in verl's fit() order -- generate, sle
 reference log-probs with ``use_kl_loss``), update, save (when due), then ``update_weights`` before the next generation
 or validation. The backend tracks the step whose weights the replicas hold apart from whether they are awake.
 
-Imports: the loop's interface (:mod:`dapo.backends.base`), :mod:`dapo.config`, :mod:`dapo.loss`, and this package's
-``batch`` and ``workers``. The ``dapo train`` entrypoint is :mod:`dapo.backends.verl.run`.
+The ``dapo train`` entrypoint is :mod:`dapo.backends.verl.run`.
 """
 
 from __future__ import annotations
@@ -375,6 +374,21 @@ class VerlBackend(Backend):
                 kv = dict(line.split() for line in f if line.strip())
             self.step = int(kv.get("step", self.step))
             self._next_gid = int(kv.get("next_gid", self._next_gid))
+
+    # -- the ranks (dapo.backends.verl.ranks; set by dapo.backends.verl.run) ----------------------------------------
+    ranks: Any = None
+
+    def rank_metrics(self, step: int) -> dict[str, float]:
+        return self.ranks.probe(step) if self.ranks is not None else {}
+
+    def request_stacks(self, dest: Any, header: str) -> list[dict[str, Any]]:
+        return self.ranks.stacks(dest, header) if self.ranks is not None else []
+
+    def node_of(self, pid: Optional[int]) -> Optional[dict[str, Any]]:
+        return self.ranks.node_of(pid) if self.ranks is not None else None
+
+    def suspect_nodes(self) -> list[dict[str, Any]]:
+        return self.ranks.suspects() if self.ranks is not None else []
 
     def close(self) -> None:
         self.workers.close()

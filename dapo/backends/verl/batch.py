@@ -6,8 +6,6 @@
 - :func:`response_lengths` and :func:`place_scores`: verl's reward placement, ``token_level_scores[i, L_i - 1] = R_i``
   on the last valid response token (no KL in reward: ``token_level_rewards = token_level_scores``);
 - :func:`balance_order`: verl's ``balance_batch`` reordering for balanced data-parallel work.
-
-Imports numpy, torch and (lazily) verl; nothing of the project.
 """
 
 from __future__ import annotations

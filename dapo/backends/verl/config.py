@@ -5,8 +5,6 @@
 passthrough overrides (checked by :mod:`dapo.backends.verl.passthrough`), runs the placement checks
 (:mod:`dapo.backends.verl.placement`) and then verl's ``verl.utils.config.validate_config`` -- all before any Ray
 cluster or GPU is touched. :func:`to_yaml` prints the result; :func:`runtime_env` is the env for ``ray.init``.
-
-Imports :mod:`dapo.config` and this package's ``settings``, ``passthrough`` and ``placement``.
 """
 
 from __future__ import annotations

@@ -17,9 +17,6 @@ checks and records a failure for the retries. A measurement that raises (an NCCL
 ``placement_timeout`` seconds (:data:`dapo.train.fabric.PLACEMENT_TIMEOUT_S`; fewer Ray nodes with a bundle's resources than the run
 has nodes: a worker pod lost or never scheduled) end the attempt naming the nodes there are and the ones missing; that
 is not a verdict on the fabric and is not recorded, so a retry -- a new RayCluster -- checks again.
-
-Imports :mod:`dapo.train.fabric` and :mod:`dapo.train.fabric_verdict`; Ray and torch lazily (the process is the job
-driver, already connected).
 """
 
 from __future__ import annotations

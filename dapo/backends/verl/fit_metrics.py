@@ -10,8 +10,6 @@ n_gpus_per_node``, verl's resource pool) and, when vLLM returned its log-probs, 
 (``compute_rollout_correction_and_add_to_batch`` with ``algorithm.rollout_correction``, on a copy: the loop applies no
 importance weights or rejection -- :mod:`dapo.backends.verl.passthrough` refuses those keys). ``perf/mfu/actor_infer``
 comes from the log-prob pass itself (:meth:`dapo.backends.verl.workers.RayWorkers.compute_log_prob`).
-
-Imports verl lazily; nothing of the project.
 """
 
 from __future__ import annotations

@@ -10,8 +10,6 @@ code the DAPO loop runs reads them (:data:`PASSTHROUGH_ALLOWED`). :func:`check_p
   with the reason: the loop would accept and silently skip it);
 - any role's ``profiler`` (``actor_rollout_ref.{actor,ref,rollout}.profiler.*``, :data:`PROFILER_REFUSED`): the
   workers build a profiler from it, but only fit() starts and stops it around its steps.
-
-Imports :mod:`dapo.config` and :mod:`dapo.backends.verl.settings`.
 """
 
 from __future__ import annotations

@@ -17,8 +17,6 @@ preset key):
 Head counts come from ``config.json`` when ``recipe.model.path`` is a local directory, else from
 :data:`KNOWN_MODELS` (:func:`model_info`); an unknown remote model skips the head checks (and says so in the notes
 :func:`check_placement` returns).
-
-Imports :mod:`dapo.config` only.
 """
 
 from __future__ import annotations

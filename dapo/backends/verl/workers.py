@@ -8,8 +8,6 @@ rollout replicas in one hybrid worker group, the reference policy only when a KL
 manager, the checkpoint engine for weight sync); :func:`dapo_trainer_class` is verl's trainer without its dataloaders
 (and, unless ``recipe.reward.verl_agreement``, without reward-loop workers for the agent loop). It needs the cluster
 image (CUDA, vLLM) to run.
-
-Imports verl lazily (inside the functions); nothing of the project.
 """
 
 from __future__ import annotations

