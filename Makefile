@@ -27,7 +27,7 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 PRESET ?= tiny
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-eval setup-trl setup-checkov train train-verl test test-fast lint render bench bench-peers bench-mechanisms clean
+.PHONY: setup setup-vllm setup-eval setup-trl setup-checkov train train-verl test test-fast render bench bench-peers bench-mechanisms clean
 
 $(VENV)/.stamp: pyproject.toml scripts/install_torch.py
 	$(PYTHON) -m venv $(VENV)
@@ -74,7 +74,7 @@ $(CHECKOV_VENV)/.stamp: Makefile
 
 setup-checkov: $(CHECKOV_VENV)/.stamp
 
-# The main job: a tiny model trained with DAPO on this machine's CPU (about 5 minutes on 2 cores, setup included).
+# The main job: a tiny model trained with DAPO on this machine's CPU (its time and result: docs/tiny.md#measured).
 train: setup
 	$(VENV)/bin/dapo train --preset $(PRESET)
 

@@ -165,7 +165,7 @@ def test_notes_warn_that_ipc_lock_needs_root():
 
 def test_values_describe_deadlines_per_attempt_not_retries_included():
     values_text = (CHART_DIR / "values.yaml").read_text()
-    docs = (ROOT / "docs" / "deploy.md").read_text()
+    docs = (ROOT / "docs" / "deadlines.md").read_text()
     assert "retries included" not in values_text + docs
     assert "Wall-clock limit of ONE attempt" in values_text and "(backoffLimit + 1) x this" in values_text
     assert "per attempt" in docs

@@ -263,8 +263,10 @@ def test_cli_json_and_text(capsys):
     assert "local backend (one process, no GPU plan)" in capsys.readouterr().out
 
 
-# which doc holds which generated table: the costs before booking GPUs, the shared volume's write floor
-DOCS_TABLES = {"reproduce.md": ("presets", "calibration", "epochs"), "deploy.md": ("checkpoints",)}
+# which doc holds which generated table: the costs before booking GPUs, the shared volume's write floor, the step
+# time a run's first hour should show
+DOCS_TABLES = {"reproduce.md": ("presets", "calibration", "epochs"), "storage.md": ("checkpoints",),
+               "follow.md": ("steptime",)}
 
 
 def test_generated_tables_in_docs_are_fresh():

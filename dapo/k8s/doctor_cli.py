@@ -23,7 +23,7 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "dapo"
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dapo doctor", description="Whether this cluster can run the release these "
-                                 "values describe, checked before anything is installed (docs/deploy.md): one table; "
+                                 "values describe, checked before anything is installed (docs/chart.md#dapo-doctor): one table; "
                                  "exit 1 when the run cannot start, 2 when the values are refused or the API server "
                                  "cannot be reached.")
     from dapo.k8s.helm import add_value_flags

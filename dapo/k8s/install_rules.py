@@ -66,5 +66,5 @@ def check_install(v: dict[str, Any]) -> None:
         raise ValuesError(
             f"storage.storageClassName: {q(PLACEHOLDER_CLASS)} is the values files' placeholder, not a class of your "
             "cluster (the claim would stay Pending): set your ReadWriteMany StorageClass, e.g. --set "
-            "storage.storageClassName=$RWX_CLASS (kubectl get storageclass; docs/deploy.md, 'Storage')"
+            "storage.storageClassName=$RWX_CLASS (kubectl get storageclass; docs/storage.md)"
         )

@@ -54,7 +54,7 @@ def env_profile_command(values: dict[str, Any]) -> str:
         return ""
     return (f'if [ -r "{path}" ]; then . "{path}"; echo "dapo: sourced {path} (fabric.ncclEnvProfile)"; else echo '
             f'"dapo: fabric.ncclEnvProfile {path} does not exist on this node: the NCCL plugin installer DaemonSet '
-            f'has not installed it (docs/deploy.md, The fabric)" >&2; exit 1; fi')
+            f'has not installed it (docs/fabric.md)" >&2; exit 1; fi')
 
 
 class PodTemplates(ChartContext):

@@ -139,7 +139,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def markdown_block(block: str) -> str:
-    """The generated markdown for one docs block: ``presets``, ``calibration`` or ``epochs``."""
+    """The generated markdown for one docs block (:data:`DOCS_BLOCKS`)."""
     if block == "presets":
         rows = []
         for name, (target, stack, wandb, paper_scale) in REFERENCE_RUNS.items():
@@ -162,7 +162,7 @@ def markdown_block(block: str) -> str:
         rows.append(["`tiny`", "- (CPU demo)", "one CPU", f"`{tiny.recipe.model.path}`", "current (.venv)", "-", "-",
                      f"{tiny.recipe.trainer.total_training_steps} steps on CPU (`make train`)", "-"])
         return _md_table(["preset", "target AIME-2024 avg@32", "hardware", "model", "image / verl",
-                          "est. time / rollout step", f"est. GPU-hours to {PAPER_ROLLOUT_STEPS} rollout steps (paper)",
+                          "est. wall time / rollout step", f"est. GPU-hours to {PAPER_ROLLOUT_STEPS} rollout steps (paper)",
                           "est. GPU-hours as configured", "wandb reference run"], rows)
     if block == "calibration":
         rows = []
@@ -189,6 +189,8 @@ def markdown_block(block: str) -> str:
                           "gradient steps / epoch", f"epochs for {PAPER_ROLLOUT_STEPS} rollout steps"], rows)
     if block == "checkpoints":
         return _checkpoint_table()
+    if block == "steptime":
+        return _step_time_table()
     raise PlanError(f"unknown docs block {block!r}; known: {', '.join(DOCS_BLOCKS)}")
 
 
@@ -211,7 +213,22 @@ def _checkpoint_table() -> str:
                       "one save at the floor"], rows)
 
 
-DOCS_BLOCKS = ("presets", "calibration", "epochs", "checkpoints")
+def _step_time_table() -> str:
+    """Per GPU preset: the estimated time of one rollout step without validation or a save (what ``timing_s/step``
+    of an ordinary step shows), the wall time per step with both amortised (``validation / test_freq +
+    checkpoint / save_freq``: what a run's pace averages), and trained tokens / (step seconds x GPUs)."""
+    rows = []
+    for name in ("full", "early", "7b", "smoke"):
+        pl = make_plan(load_preset(name))
+        t = pl.time_s
+        rows.append([f"`{name}`", f"{pl.nodes} x {pl.gpus_per_node}", _fmt_s(t["step"]), _fmt_s(t["wall_per_step"]),
+                     f"{pl.tokens['trained_tokens'] / (t['step'] * pl.nodes * pl.gpus_per_node):,.0f}"])
+    return _md_table(["preset", "GPUs", "compute time / rollout step (no validation, no save)",
+                      "wall time / rollout step (validation and saves amortised)",
+                      "trained tokens / s / GPU"], rows)
+
+
+DOCS_BLOCKS = ("presets", "calibration", "epochs", "checkpoints", "steptime")
 
 
 def update_docs(path: str | os.PathLike) -> bool:

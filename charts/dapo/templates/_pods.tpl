@@ -216,7 +216,7 @@ dapo.k8s.pods.env_profile_command is the twin.
 */}}
 {{- define "dapo.envProfileCommand" -}}
 {{- with .Values.fabric.ncclEnvProfile -}}
-if [ -r "{{ . }}" ]; then . "{{ . }}"; echo "dapo: sourced {{ . }} (fabric.ncclEnvProfile)"; else echo "dapo: fabric.ncclEnvProfile {{ . }} does not exist on this node: the NCCL plugin installer DaemonSet has not installed it (docs/deploy.md, The fabric)" >&2; exit 1; fi
+if [ -r "{{ . }}" ]; then . "{{ . }}"; echo "dapo: sourced {{ . }} (fabric.ncclEnvProfile)"; else echo "dapo: fabric.ncclEnvProfile {{ . }} does not exist on this node: the NCCL plugin installer DaemonSet has not installed it (docs/fabric.md)" >&2; exit 1; fi
 {{- end -}}
 {{- end -}}
 

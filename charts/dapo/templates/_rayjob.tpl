@@ -149,7 +149,7 @@ submitterPodTemplate:
       - name: ray-job-submitter
         image: {{ .image }}
         imagePullPolicy: {{ $v.image.pullPolicy }}
-        # the Ray CLI's submit and log follow write no file (an HTTP client; docs/deploy.md)
+        # the Ray CLI's submit and log follow write no file (an HTTP client; docs/security.md)
         securityContext:
           {{- include "dapo.restrictedContainer" . | nindent 10 }}
           readOnlyRootFilesystem: true
