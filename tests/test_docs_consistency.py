@@ -237,6 +237,16 @@ def test_every_documented_install_can_run_again_in_the_docs_namespace():
     assert not problems, "\n".join(problems)
 
 
+def test_every_install_the_values_files_and_k8s_samples_name_in_their_comments_can_run_again():
+    problems = []
+    for f in [*sorted((ROOT / "values").glob("*.yaml")), *sorted((ROOT / "k8s").glob("*.yaml"))]:
+        for i, line in enumerate(_text(f).splitlines(), 1):
+            command = line.lstrip("# ").rstrip("\\ ")
+            if line.lstrip().startswith("#") and command.startswith("helm "):
+                problems += install_problems(f"{f.relative_to(ROOT)}:{i}", command)
+    assert not problems, "\n".join(problems)
+
+
 def test_the_checks_catch_an_install_that_cannot_run_again_or_leaves_the_namespace():
     assert install_problems("x", "helm install dapo charts/dapo -n dapo -f values/full.yaml")
     assert install_problems("x", "helm upgrade --install dapo charts/dapo -f values/full.yaml")
