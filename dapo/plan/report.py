@@ -102,6 +102,7 @@ def render_text(plan: Plan) -> str:
     L.append("")
     L.append(f"Total: {_fmt_s(None if tot['hours'] is None else tot['hours'] * 3600)}, "
              f"{_fmt_n(tot['gpu_hours'])} GPU-hours ({tot['gpu_hours_per_rollout_step']:.1f} per rollout step)")
+    L += _fault_lines(plan)
     if plan.checks:
         L.append("")
         L += [f"  {c}" for c in plan.checks]
@@ -130,6 +131,25 @@ REFERENCE_RUNS: dict[str, tuple[str, str, str, bool]] = {
            f"[verl-org run ow47vvon]({WANDB_DAPO_7B}) (linked from verl's DAPO 7B-Math scripts)", False),
     "smoke": ("- (pipeline check)", "current (verl 0.9.1)", "-", False),
 }
+
+
+def _fault_lines(plan: Plan) -> list[str]:
+    """The "Faults" lines (:mod:`dapo.plan.faults`): time lost per fault and the effective training time share."""
+    f, tot = plan.faults, plan.totals
+    if not f:
+        return []
+    L = ["", "Faults (estimate: restart_s and the fault rate are assumptions; docs/deadlines.md)"]
+    since, restart = _fmt_s(f["since_checkpoint_s"]), _fmt_s(f["restart_s"])
+    if f["lost_per_hang_s"] is not None:
+        L.append(f"  a hang   {_fmt_s(f['lost_per_hang_s']):>10} lost = watchdog {_fmt_s(f['detect_hang_s'])} + restart "
+                 f"{restart} + {since} since the last checkpoint (half of save_freq)")
+    L.append(f"  a crash  {_fmt_s(f['lost_per_crash_s']):>10} lost = at most {_fmt_s(f['detect_crash_s'])} to notice "
+             f"(the process-group timeout) + restart {restart} + {since}")
+    days = tot.get("days")
+    over = f", {f['faults_per_day'] * days:.1f} over the run's {days:.1f} days" if days else ""
+    L.append(f"  at {f['faults_per_day']:.3f} faults/day on {plan.world} GPUs{over}: effective training time "
+             f"{f['effective_share']:.1%} of wall time")
+    return L
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
