@@ -113,8 +113,8 @@ clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(CHECKOV_VENV) runs .pytest_cache
 
 # Container images (need Docker with BuildKit/buildx; not run by `make test`). See docs/images.md.
-#   make images REGISTRY=reg/path     the README's first step: build both images and push them to REGISTRY
-#                                     (REGISTRY/dapo and REGISTRY/dapo-eval; docker login to it first)
+#   make images REGISTRY=reg/path     the README's first step: build the three images and push them to REGISTRY
+#                                     (REGISTRY/dapo, REGISTRY/dapo-eval, REGISTRY/dapo-follow; docker login first)
 #   make image                        training image, current stack (docker/Dockerfile + docker/constraints.txt)
 #   make image IMAGE_STACK=repro      reproduction stack of the reference runs (docker/repro.args)
 #   make image-eval                   evaluation image (docker/Dockerfile.eval + docker/constraints-eval.txt)

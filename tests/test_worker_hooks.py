@@ -92,3 +92,30 @@ def test_nothing_is_set_up_in_the_driver_or_without_a_run(monkeypatch):
     assert worker_hooks.install({}) is False
     env = worker_hooks.env_for("/tmp/run", 1, 60, driver_pid=os.getpid())
     assert worker_hooks.install(env) is False  # the driver exports the same variables to itself
+
+
+def test_a_rank_refuses_to_save_a_shard_with_non_finite_weights():
+    """verl's own TrainingWorker.save_checkpoint, wrapped as every worker wraps it: a NaN in this rank's parameters
+    raises with the mark the loop reads (no shard written); finite parameters save as before."""
+    import types
+
+    import torch
+    import verl.workers.engine_workers as engine_workers
+
+    from dapo.train.attempts import NONFINITE_WEIGHTS_MARK
+
+    saved = []
+    original = engine_workers.TrainingWorker.save_checkpoint
+    stand_in = types.SimpleNamespace(TrainingWorker=type("TrainingWorker", (), {
+        "save_checkpoint": lambda self, path, *a, **k: saved.append(path)}))
+    assert worker_hooks.patch_finite_save(stand_in) and not worker_hooks.patch_finite_save(stand_in)
+    worker = stand_in.TrainingWorker()
+    worker.engine = types.SimpleNamespace(module=torch.nn.Linear(4, 4))
+    worker.save_checkpoint("/ckpt/ok")
+    with torch.no_grad():
+        worker.engine.module.weight[1, 2] = float("inf")
+    with pytest.raises(RuntimeError, match=f"{NONFINITE_WEIGHTS_MARK}: rank .*1 parameters not finite, e.g. weight"):
+        worker.save_checkpoint("/ckpt/bad")
+    assert saved == ["/ckpt/ok"]
+    assert engine_workers.TrainingWorker.save_checkpoint is original  # only the patched module changed
+    assert "save_checkpoint" in vars(engine_workers.TrainingWorker)  # the real class has the method it wraps

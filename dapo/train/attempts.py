@@ -46,6 +46,9 @@ EXIT_NONFINITE = 7  # a non-finite loss, gradient norm, entropy, reward or weigh
 EXIT_VERDICT = 8  # an earlier attempt's final verdict: this attempt exits at once, training nothing
 EXIT_NO_SPACE = 9  # the volume cannot hold the next checkpoint; nothing was written
 
+# what a backend's error says when a worker refused to save non-finite weights (dapo.backends.verl.worker_hooks)
+NONFINITE_WEIGHTS_MARK = "DAPO_NONFINITE_WEIGHTS"
+
 # the causes an end record names, and the exit code of each (error: a traceback or a worker that died)
 CAUSES = {
     "complete": 0, "error": 1, "health_stop": EXIT_HEALTH_STOP, "sampler_exhausted": EXIT_SAMPLER_EXHAUSTED,

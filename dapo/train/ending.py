@@ -137,7 +137,7 @@ class AttemptEnd:
         for n in (suspects() if suspects is not None and cause != "complete" else []):
             if n not in nodes:
                 nodes.append(dict(n))
-        if final:
+        if final and cause != "verdict":  # an attempt refused by a verdict keeps that verdict as it was
             attempts.write_verdict(self.run_dir, key=self.key, cause=cause, message=message, step=step,
                                    attempt=self.attempt, nodes=nodes)
         attempts.write_end(self.log_dir, self.attempt, cause=cause, message=message, step=step, phase=phase,
@@ -213,14 +213,16 @@ class AttemptEnd:
             log.close(code)
         os._exit(code)
 
-    def nonfinite(self, step: int, bad: Mapping[str, float], nodes: Iterable[Mapping[str, Any]] = ()) -> int:
+    def nonfinite(self, step: int, bad: Mapping[str, float], nodes: Iterable[Mapping[str, Any]] = (),
+                  detail: str = "") -> int:
         """A non-finite value at ``step`` (nothing of that step is saved): exit code 7, final when an earlier attempt
         ended with the same keys non-finite at the same step."""
         keys = sorted(bad)
         seen = [r for r in attempts.end_records(self.log_dir)
                 if r.get("cause") == "nonfinite" and r.get("step") == step and sorted(r.get("keys") or []) == keys]
         values = ", ".join(f"{k} = {bad[k]}" for k in keys)
-        message = f"non-finite value at step {step}: {values}; nothing of step {step} was saved"
+        message = f"non-finite value at step {step}: {values}{f' ({detail})' if detail else ''}; nothing of step " \
+                  f"{step} was saved"
         if seen:
             message += (f" -- the same as attempt {seen[-1]['attempt']} at the same step, so it is not a transient "
                         "fault: lower recipe.actor.optim.lr or look at the data of that step")

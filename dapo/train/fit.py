@@ -20,6 +20,7 @@ from typing import Optional
 
 from dapo.train import checkpoint as ckpt
 from dapo.train import runlog
+from dapo.train.attempts import NONFINITE_WEIGHTS_MARK
 from dapo.train.ending import NONFINITE_METRIC, nonfinite
 from dapo.train.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED
 from dapo.train.metrics import MetricsLogger, format_step_line, val_accuracy
@@ -124,7 +125,12 @@ class Fit:
             try:
                 with self._phase("save"):
                     self.save()
-            except Exception as exc:  # a full volume mid-write (the local write, or a worker's: in a Ray error)
+            except Exception as exc:  # a full volume mid-write, or a worker's refusal to save non-finite weights
+                if NONFINITE_WEIGHTS_MARK in str(exc):
+                    metrics[NONFINITE_METRIC] = 1.0
+                    logger.log(metrics, step)
+                    where = str(exc)[str(exc).index(NONFINITE_WEIGHTS_MARK):].splitlines()[0]
+                    return self.ending.nonfinite(step, {"weights": float("nan")}, detail=where)
                 if "No space left on device" not in str(exc) and getattr(exc, "errno", None) != errno.ENOSPC:
                     raise
                 return self._no_space(f"the checkpoint of step {step} did not fit ({exc})", step)

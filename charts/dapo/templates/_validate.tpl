@@ -334,7 +334,7 @@ not the values files' placeholder shared-rwx.
 {{- end -}}
 {{- range $i := $images -}}
 {{- if has (index $i 1) (list "ghcr.io/dapo-k8s/dapo" "ghcr.io/dapo-k8s/dapo-eval") -}}
-{{- fail (printf "%s: %s is the chart's default image, which has not been published; build both images and push them to your registry with `make images REGISTRY=<registry>` (docs/images.md), then set image.repository=<registry>/dapo and eval.image.repository=<registry>/dapo-eval; if the images named do exist (a published release tag), set image.published=true" (index $i 0) (index $i 2)) -}}
+{{- fail (printf "%s: %s is the chart's default image, which has not been published; build the images and push them to your registry with `make images REGISTRY=<registry>` (docs/images.md), then set image.repository=<registry>/dapo and eval.image.repository=<registry>/dapo-eval; if the images named do exist (a published release tag), set image.published=true" (index $i 0) (index $i 2)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -9,6 +9,8 @@
   fails on the waiting ranks, and the NCCL flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``,
   ``TORCH_NCCL_DUMP_ON_TIMEOUT``, ``TORCH_FR_DUMP_TEMP_FILE``: :func:`env_for`) writes each rank's record of it to the
   attempt's evidence directory on the shared volume.
+- **no checkpoint with non-finite weights**: verl's ``TrainingWorker.save_checkpoint`` checks this rank's shard first
+  and refuses a non-finite one (:func:`patch_finite_save`), so no attempt can resume from one;
 - **stacks on request**: a daemon thread (:class:`Requests`) looks for the driver's requests in
   ``<run dir>/evidence/attempt-<N>/requests.json`` every second. ``stacks``: it writes this process's Python stacks
   (every thread) and, where the flight recorder is on, its record of the collectives, to the request's directory --
@@ -93,6 +95,47 @@ def process_group_timeout_s() -> Optional[float]:
         return pg._get_backend(device).options._timeout.total_seconds()
     except (AttributeError, RuntimeError):
         return None
+
+
+# -- no checkpoint with non-finite weights -------------------------------------------------------------------------------
+def nonfinite_parameters(module: Any) -> list[str]:
+    """Names of ``module``'s parameters holding a NaN or an infinity in this rank's shard (an FSDP2 DTensor's local
+    part: no collective)."""
+    import torch
+
+    bad = []
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if local.numel() and not bool(torch.isfinite(local).all()):
+                bad.append(name)
+    return bad
+
+
+def patch_finite_save(engine_workers: Any) -> bool:
+    """verl's ``TrainingWorker.save_checkpoint`` refusing to write this rank's shard when it is not finite: it raises
+    with :data:`dapo.train.attempts.NONFINITE_WEIGHTS_MARK`, the rank and the first parameters, which the loop turns
+    into a non-finite end of the attempt (nothing of the step is saved). Returns False when already patched."""
+    from dapo.train.attempts import NONFINITE_WEIGHTS_MARK
+
+    cls = engine_workers.TrainingWorker
+    fn = cls.save_checkpoint
+    if getattr(fn, MARK, False):
+        return False
+
+    def save_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
+        module = getattr(getattr(self, "engine", None), "module", None)
+        bad = nonfinite_parameters(module) if module is not None else []
+        if bad:
+            me = who()
+            raise RuntimeError(f"{NONFINITE_WEIGHTS_MARK}: rank {me['rank']} on node {me['node'] or me['host']}: "
+                               f"{len(bad)} parameters not finite, e.g. {', '.join(bad[:3])}")
+        return fn(self, *args, **kwargs)
+
+    save_checkpoint.__doc__ = fn.__doc__
+    setattr(save_checkpoint, MARK, True)
+    cls.save_checkpoint = save_checkpoint
+    return True
 
 
 # -- requests: stacks and the compute probe ------------------------------------------------------------------------------
@@ -216,8 +259,12 @@ class Requests:
             os.replace(tmp, out)
 
     def run(self) -> None:
+        patched = False
         while True:
             time.sleep(self.poll)
+            if not patched and "verl.workers.engine_workers" in sys.modules:  # imported with the worker's class
+                patched = True
+                patch_finite_save(sys.modules["verl.workers.engine_workers"])
             try:
                 reqs = json.loads(self.file.read_text())
             except (OSError, ValueError):
