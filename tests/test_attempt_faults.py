@@ -98,6 +98,8 @@ def test_a_generation_that_never_returns_ends_the_attempt_and_the_next_resumes(t
     hung_at = float(re.search(r"fault_runner: hung at (\d+\.\d+)", hung.stdout).group(1))
     assert hung.ended_at - hung_at <= end["budget_s"] + 60, (hung.ended_at - hung_at, end)
     assert hung.ended_at - hung_at < 120  # "a stall on the tiny preset ends within two minutes"
+    print(f"generation hang (tiny's budgets): attempt ended {hung.ended_at - hung_at:.1f} s after the call hung "
+          f"(phase budget {end['budget_s']:.0f} s, watchdog saw {end['elapsed_s']:.1f} s)")
     log = _attempt_log(run, 1)
     assert log.rstrip().endswith(f"dapo: exit code 6 | log {run / 'logs' / 'attempt-1.log'}")
     stacks = (run / "evidence" / "attempt-1" / "stacks-driver.txt").read_text()
@@ -105,9 +107,10 @@ def test_a_generation_that_never_returns_ends_the_attempt_and_the_next_resumes(t
     assert "thread MainThread" in stacks and "dapo-watchdog" in stacks
     assert complete_steps(run / "checkpoints") == [2]
 
-    again, _ = _train(run, steps)
+    again, wall = _train(run, steps)
     assert again.returncode == 0, _why(again)
     assert f"resumed from {run / 'checkpoints' / 'global_step_2'} (step 2/5)" in again.stdout
+    print(f"the next attempt resumed from checkpoint 2 and finished steps 3-5 in {wall:.1f} s")
     assert sorted(r["step"] for r in read_jsonl(run / "metrics.jsonl")) == [1, 2, 3, 4, 5]
 
 
@@ -124,6 +127,8 @@ def test_a_save_stuck_on_io_ends_the_attempt_in_the_save_phase(tmp_path, assets)
     assert end["phase"] == "save" and end["budget_s"] == 15.0 and end["elapsed_s"] <= 15 + 60
     stacks = (run / "evidence" / "attempt-1" / "stacks-driver.txt").read_text()
     assert "phase save of step 2" in stacks and "in save" in stacks and "write_text" in stacks
+    print(f"save stuck on I/O: the watchdog saw {end['elapsed_s']:.1f} s of save (budget {end['budget_s']:.0f} s); "
+          f"the whole attempt took {wall:.1f} s")
     fifo.unlink()  # the volume answers again
     again, _ = _train(run, steps)
     assert again.returncode == 0, _why(again)

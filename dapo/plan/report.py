@@ -211,6 +211,8 @@ def markdown_block(block: str) -> str:
         return _checkpoint_table()
     if block == "steptime":
         return _step_time_table()
+    if block == "faults":
+        return _fault_table()
     raise PlanError(f"unknown docs block {block!r}; known: {', '.join(DOCS_BLOCKS)}")
 
 
@@ -248,7 +250,27 @@ def _step_time_table() -> str:
                       "trained tokens / s / GPU"], rows)
 
 
-DOCS_BLOCKS = ("presets", "calibration", "epochs", "checkpoints", "steptime")
+def _fault_table() -> str:
+    """Per GPU preset: the time a hang and a crash cost (detection + restart + half the checkpoint interval,
+    :mod:`dapo.plan.faults`) and the effective training time at Llama 3's published interruption rate and at one
+    fault a day."""
+    from dapo.plan.faults import DAY_S
+
+    rows = []
+    for name in ("full", "early", "7b", "smoke"):
+        pl = make_plan(load_preset(name))
+        f = pl.faults
+        worst = f["lost_per_hang_s"] or f["lost_per_crash_s"]
+        rows.append([f"`{name}`", f"{pl.nodes} x {pl.gpus_per_node}",
+                     f"{_fmt_s(f['lost_per_hang_s'])} = {_fmt_s(f['detect_hang_s'])} + {_fmt_s(f['restart_s'])} + "
+                     f"{_fmt_s(f['since_checkpoint_s'])}", _fmt_s(f["lost_per_crash_s"]),
+                     f"{f['faults_per_day']:.3f}/day: {f['effective_share']:.1%}",
+                     f"{max(0.0, 1 - worst / DAY_S):.1%}"])
+    return _md_table(["preset", "GPUs", "a hang costs (watchdog + restart + since the checkpoint)", "a crash costs",
+                      "effective training time at Llama 3's rate", "at one fault a day"], rows)
+
+
+DOCS_BLOCKS = ("presets", "calibration", "epochs", "checkpoints", "steptime", "faults")
 
 
 def update_docs(path: str | os.PathLike) -> bool:

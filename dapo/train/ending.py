@@ -137,7 +137,7 @@ class AttemptEnd:
         for n in (suspects() if suspects is not None and cause != "complete" else []):
             if n not in nodes:
                 nodes.append(dict(n))
-        if final:
+        if final and cause != "verdict":  # an attempt refused by a verdict keeps that verdict as it was
             attempts.write_verdict(self.run_dir, key=self.key, cause=cause, message=message, step=step,
                                    attempt=self.attempt, nodes=nodes)
         attempts.write_end(self.log_dir, self.attempt, cause=cause, message=message, step=step, phase=phase,
