@@ -16,8 +16,8 @@ GPUs before Ampere -- retired pages pending or at their limit (:data:`FAULTS`: e
 source). A fault found when a run starts would otherwise surface days into it, on every retry that lands there.
 
 Exit status 0 when every check passes, 1 with a one-line reason on stderr otherwise (the kubelet copies a failed
-postStart hook's output into the pod's events, where the follower reads it and leaves the node out of the next
-attempt: :mod:`dapo.cluster.nodes`). Standard library only.
+postStart hook's output into the pod's events, which the follower reads as the node's fault: :mod:`dapo.cluster.nodes`).
+Standard library only.
 """
 
 from __future__ import annotations
