@@ -141,7 +141,9 @@ class Keeper:
                 rec.add_failure(**failure)
                 rec.body["pending"] += 1
             actions += self.leave_out_nodes(found, n)
-            why = self.final_reason(end, n) or (self.budget.spent(rec.failures) if self.budget else None)
+            actions.append(f"evidence: {self.run_dir / 'evidence' / f'attempt-{n}'}")
+            # the budget's decision, a final verdict included (without a budget KubeRay's backoffLimit decides)
+            why = (self.final_reason(end, n) or self.budget.spent(rec.failures)) if self.budget else None
             if why:
                 actions.append(self.stop_retries(why))
             elif self.budget:
@@ -189,13 +191,23 @@ class Keeper:
             self.say(self.stop_now(f"{self.stop_reason} (KubeRay retried it anyway)"))
         rec.save()
 
+    def final_words(self) -> str:
+        """What the follower's last line says of a failed run: why the follower stopped it, where the evidence is."""
+        parts = [f"stopped by the follower: {self.stop_reason}"] if self.stop_reason else []
+        evidence = self.run_dir / "evidence"
+        kept = sorted((d.name for d in evidence.iterdir() if d.is_dir()), key=lambda x: (len(x), x)) \
+            if evidence.is_dir() else []
+        if kept:
+            parts.append(f"evidence: {evidence} ({', '.join(kept[-6:])})")
+        return "".join(f"{p}; " for p in parts)
+
     # -- acting on the RayJob ----------------------------------------------------------------------------------------
     def leave_out_nodes(self, found: dict[str, str], attempt: Optional[int], late: bool = False) -> list[str]:
         if not found or self.leave_out <= 0 or "patch" in self.disabled:
             return []
         added, released = self.record.leave_out(found, attempt, self.leave_out)
         out = [f"left out node {n} ({found[n]})" for n in added]
-        out += [f"node {n} let back (at most {self.leave_out} left out: train.leaveOutNodes.max)" for n in released]
+        out += [f"node {n} let back (at most {self.leave_out} left out: train.retries.leaveOutNodes.max)" for n in released]
         if added or released:
             out.append(self.apply_placement() + (" -- the retry may already be built from the spec before this"
                                                   if late else ""))
