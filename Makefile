@@ -27,7 +27,7 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 PRESET ?= tiny
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-eval setup-trl setup-checkov train train-verl test test-fast lint render bench bench-peers bench-mechanisms clean
+.PHONY: setup setup-vllm setup-eval setup-trl setup-checkov train train-verl test test-fast render bench bench-peers bench-mechanisms clean
 
 $(VENV)/.stamp: pyproject.toml scripts/install_torch.py
 	$(PYTHON) -m venv $(VENV)
@@ -74,7 +74,7 @@ $(CHECKOV_VENV)/.stamp: Makefile
 
 setup-checkov: $(CHECKOV_VENV)/.stamp
 
-# The main job: a tiny model trained with DAPO on this machine's CPU (about 5 minutes on 2 cores, setup included).
+# The main job: a tiny model trained with DAPO on this machine's CPU (its time and result: docs/tiny.md#measured).
 train: setup
 	$(VENV)/bin/dapo train --preset $(PRESET)
 
@@ -113,8 +113,8 @@ clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(CHECKOV_VENV) runs .pytest_cache
 
 # Container images (need Docker with BuildKit/buildx; not run by `make test`). See docs/images.md.
-#   make images REGISTRY=reg/path     the README's first step: build both images and push them to REGISTRY
-#                                     (REGISTRY/dapo and REGISTRY/dapo-eval; docker login to it first)
+#   make images REGISTRY=reg/path     the README's first step: build the three images and push them to REGISTRY
+#                                     (REGISTRY/dapo, REGISTRY/dapo-eval, REGISTRY/dapo-follow; docker login first)
 #   make image                        training image, current stack (docker/Dockerfile + docker/constraints.txt)
 #   make image IMAGE_STACK=repro      reproduction stack of the reference runs (docker/repro.args)
 #   make image-eval                   evaluation image (docker/Dockerfile.eval + docker/constraints-eval.txt)

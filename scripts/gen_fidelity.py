@@ -262,10 +262,11 @@ BEHAVIOUR: list[tuple[str, str]] = [
         "metric -- pi_old is recomputed by the actor as in the reference.",
     ),
     (
-        "Batch balancing only reorders the update",
-        "The reference reorders the whole batch (`balance_batch`) before recomputing pi_old; we apply the same verl "
-        "partitioning to the update only (log-probs do not depend on row order), so the mini-batches are the "
-        "reference's.",
+        "Batch balancing for every pass, on a copy for the log-probs",
+        "The reference reorders the whole batch (`balance_batch`) before recomputing pi_old. The loop gives the "
+        "old-log-prob pass (and, with a KL loss, the reference log-probs) a copy in verl's balanced data-parallel "
+        "order, whose outputs come back in the batch's own order, and balances the update with the same "
+        "partitioning: every pass balanced as in `fit()`, and the mini-batches are the reference's.",
     ),
     (
         "Checkpoints and resume",
@@ -367,9 +368,7 @@ def render() -> str:
         "0.9.1 config that `dapo train --preset NAME` composes and validates "
         "(`python -m dapo.train --preset NAME --dry-run` prints it).",
         "",
-        "Status: **same**; **same (renamed)** -- verl 0.9.1 moved the key, the value is the reference's; "
-        "**deviation** -- explained below the table.",
-        "",
+
         "## Key renames in verl 0.9.1",
         "",
         "| reference key | verl 0.9.1 key | why |",
@@ -377,23 +376,35 @@ def render() -> str:
     ]
     for ref_key, (key, why) in RENAMED.items():
         out.append(f"| `{ref_key}` | `{key}` | {why} |")
+    scripts = {name: results[name][1] for name in PRESETS}
+    out += ["", "## Every key, both presets", "",
+            "Each cell: the reference's value, and ours after an arrow where it differs (a **deviation**, explained "
+            "below). " + "; ".join(f"`{n}` = `{s}`" for n, s in scripts.items()) + ".", "",
+            "| reference key | verl 0.9.1 key (renamed) | preset key | " + " | ".join(f"`{n}`" for n in PRESETS) + " |",
+            "|---|---|---|" + "---|" * len(PRESETS)]
+    by_key: dict[str, dict[str, dict[str, Any]]] = {}
     for name in PRESETS:
-        rows, script = results[name]
-        out += [
-            "",
-            f"## `{name}` vs `{script}`",
-            "",
-            "| reference key | reference | verl 0.9.1 key | ours | preset key | status |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in rows:
-            key = "" if r["key"] == r["raw_key"] else f"`{r['key']}`"
-            preset = f"`{r['preset']}`" if r["preset"] and not r["preset"].startswith("fixed") else r["preset"]
-            out.append(f"| `{r['ref_key']}` | {r['ref']} | {key} | {r['ours']} | {preset} | {r['status']} |")
-        devs = [r for r in rows if r["status"] == "deviation"]
-        out += ["", f"Deviations in `{name}` ({len(devs)}):", ""]
-        for r in devs:
-            out.append(f"- `{r['raw_key']}`: `{r['ref']}` -> `{r['ours']}`. {DEVIATIONS[r['raw_key']]}")
+        for r in results[name][0]:
+            by_key.setdefault(r["ref_key"], {})[name] = r
+    for ref_key, per in by_key.items():
+        first = next(iter(per.values()))
+        key = "" if first["key"] == first["raw_key"] else f"`{first['key']}`"
+        preset = first["preset"]
+        preset = f"`{preset}`" if preset and not preset.startswith("fixed") else preset.replace("fixed in ", "fixed: ")
+        cells = []
+        for name in PRESETS:
+            r = per.get(name)
+            cells.append("" if r is None else r["ref"] if r["status"] != "deviation"
+                         else f"{r['ref']} -> {r['ours']} **deviation**")
+        out.append(f"| `{ref_key}` | {key} | {preset} | " + " | ".join(cells) + " |")
+    out += ["", "## Deviations", ""]
+    seen: dict[str, list[str]] = {}
+    for name in PRESETS:
+        for r in results[name][0]:
+            if r["status"] == "deviation":
+                seen.setdefault(r["raw_key"], []).append(name)
+    for raw, names in seen.items():
+        out.append(f"- `{raw}` ({', '.join(f'`{n}`' for n in names)}): {DEVIATIONS[raw]}")
     out += ["", "## Deviations beyond config keys", ""]
     for i, (title, text) in enumerate(BEHAVIOUR, 1):
         out += [f"{i}. **{title}.** {text}", ""]

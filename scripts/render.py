@@ -1,35 +1,35 @@
 #!/usr/bin/env python3
-"""Render the dapo chart's objects without Helm: the same ConfigMap, PVC and RayJobs as
-``helm install <release> charts/dapo -f values/<preset>.yaml``, from the pure functions in ``dapo.k8s``.
+"""Render the dapo chart without a ``helm`` binary: ``helm template <release> charts/dapo -n <namespace> -f ...
+--set ...`` through Helm's own engine, in-process (the Helm SDK, :mod:`dapo.k8s.helm`), for ``kubectl apply``.
 
-    python scripts/render.py --preset full                         # YAML on stdout
-    python scripts/render.py --preset full --namespace ml | kubectl apply --server-side -f -
+    python scripts/render.py --preset full -n dapo                 # YAML on stdout
+    python scripts/render.py --preset full -n dapo | kubectl apply --server-side -f -
     python scripts/render.py --preset smoke --set worker.shmSize=64Gi --override recipe.trainer.total_training_steps=5
-    python scripts/render.py --values values/full.yaml --values values/eval.yaml --release dapo-aime
-    python scripts/render.py --preset full --namespace ml --apply  # server-side apply with the kubernetes client
-    python scripts/render.py --all --out k8s/rendered              # every preset (`make render`)
+    python scripts/render.py -f values/full.yaml -f values/eval.yaml --release dapo-aime
+    python scripts/render.py --preset full -n dapo --apply         # server-side apply with the kubernetes client
+    python scripts/render.py --all --out k8s/rendered              # every set of values/ (`make render`)
     python scripts/render.py --all --out k8s/rendered --check      # exit 1 if a rendered file is stale
 
-``--preset NAME`` takes ``values/NAME.yaml`` when it exists (cluster specifics of that preset) and otherwise just
-selects the preset. Values are checked against the chart's values.schema.json and its cross-field rules, and the
-preset with its overrides is loaded strictly -- errors name the offending key and exit with status 2.
+``-f``/``--values``, ``--set``, ``--set-string``, ``--set-json`` and ``--set-file`` mean what they mean to Helm (the
+same parser, the same order: files, then --set-json, --set, --set-string, --set-file). ``--preset NAME`` adds
+``-f values/NAME.yaml`` when that file exists and otherwise ``--set-json preset="NAME"`` before every other --set.
+The output is what ``helm template --skip-tests`` prints: the pre-install preflight first, the post-install start
+guard last. Helm's refusals (the schema, the chart's rules) exit with status 2 and Helm's message.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dapo.config import ConfigError  # noqa: E402
-from dapo.k8s import ValuesError, render_objects  # noqa: E402
+from dapo.k8s import ValuesError  # noqa: E402
+from dapo.k8s import helm  # noqa: E402
 from dapo.k8s.rules import problems  # noqa: E402
 
 CHART_DIR = ROOT / "charts" / "dapo"
@@ -57,7 +57,7 @@ RENDER_SETS: dict[str, tuple[tuple[str, ...], str]] = {
 
 # The cluster `--all` renders for: images from the registry registry.invalid, which cannot resolve (RFC 6761 reserves
 # .invalid), so an applied example pulls nothing anyone could have published; ReadWriteMany class rwx-class (the chart
-# refuses its own unpublished default images and the values files' placeholder class: dapo.k8s.install_rules). Each
+# refuses its own unpublished default images and the values files' placeholder class). Each
 # file's header says so.
 PLACEHOLDER_REGISTRY = "registry.invalid"
 RENDER_CLUSTER = (f"image.repository={PLACEHOLDER_REGISTRY}/dapo",
@@ -65,61 +65,68 @@ RENDER_CLUSTER = (f"image.repository={PLACEHOLDER_REGISTRY}/dapo",
                   f"train.reference.image.repository={PLACEHOLDER_REGISTRY}/dapo",
                   "storage.storageClassName=rwx-class")
 # ... and its network is InfiniBand: the sets that run on several GPU nodes and declare no fabric of their own (the
-# chart refuses them otherwise: dapo.k8s.fabric) are rendered with this fabric declared.
+# chart refuses them otherwise) are rendered with this fabric declared.
 RENDER_FABRIC = {"early": ("fabric.expect=ib",), "full": ("fabric.expect=ib",), "7b": ("fabric.expect=ib",)}
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block style for multi-line strings; quotes for strings another YAML parser could read as numbers."""
+# ... in this namespace (the README's).
+RENDER_NAMESPACE = "dapo"
 
 
-def _str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-    if "\n" in data:
-        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
-    if re.match(r"^[-+.]?[0-9]", data):
-        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data)
+def ordered(manifests: list[helm.Manifest]) -> list[helm.Manifest]:
+    """What ``helm template --skip-tests`` prints, for kubectl: no `helm test` pods; the pre-install hooks (the
+    preflight) first, then the release's objects in template order, then the post-install hooks (the start guard)."""
+    kept = [m for m in manifests if "test" not in m.hooks]
+    pre = [m for m in kept if any(h.startswith("pre-") for h in m.hooks)]
+    post = [m for m in kept if m.hooks and m not in pre]
+    return pre + [m for m in kept if not m.hooks] + post
 
 
-_Dumper.add_representer(str, _str)
+def to_yaml(manifests: list[helm.Manifest], header: str = "") -> str:
+    return header + "".join(f"---\n# Source: {m.source}\n{m.text}" + ("" if m.text.endswith("\n") else "\n")
+                            for m in manifests)
 
 
-def to_yaml(objects: list[dict[str, Any]], header: str = "") -> str:
-    docs = [yaml.dump(o, Dumper=_Dumper, sort_keys=False, width=1_000_000, default_flow_style=False)
-            for o in objects]
-    return header + "---\n" + "---\n".join(docs)
+def render(opts: helm.ValueOptions, *, release: str, namespace: str, overrides: tuple[str, ...] = ()
+           ) -> list[helm.Manifest]:
+    """The objects of ``helm template <release> charts/dapo -n <namespace> <opts> --skip-tests``; ``overrides``
+    appended to the values' ``overrides``."""
+    values = helm.user_values(opts)
+    if overrides:
+        values["overrides"] = list(helm.coalesced(CHART_DIR, values)["overrides"]) + list(overrides)
+    return ordered(helm.render(CHART_DIR, values, release=release, namespace=namespace))
 
 
-def render_set(name: str, *, namespace: str | None = None) -> list[dict[str, Any]]:
-    files, release = RENDER_SETS[name]
-    return render_objects(CHART_DIR, [VALUES_DIR / f for f in files], RENDER_CLUSTER + RENDER_FABRIC.get(name, ()),
-                          release=release, namespace=namespace)
+def set_options(name: str) -> helm.ValueOptions:
+    files, _ = RENDER_SETS[name]
+    return helm.ValueOptions(files=[str(VALUES_DIR / f) for f in files],
+                             set=list(RENDER_CLUSTER + RENDER_FABRIC.get(name, ())))
+
+
+def render_set(name: str, *, namespace: str = RENDER_NAMESPACE) -> list[helm.Manifest]:
+    return render(set_options(name), release=RENDER_SETS[name][1], namespace=namespace)
 
 
 def header_for(name: str) -> str:
     files, release = RENDER_SETS[name]
-    args = " ".join(f"--values values/{f}" for f in files) if len(files) > 1 else f"--preset {name}"
+    args = " ".join(f"-f values/{f}" for f in files) if len(files) > 1 else f"--preset {name}"
     cluster = RENDER_CLUSTER + RENDER_FABRIC.get(name, ())
-    args += "".join(f" --set {s}" for s in cluster)
-    helm = " ".join(f"-f values/{f}" for f in files) + "".join(f" --set {s}" for s in cluster)
+    sets = "".join(f" --set {s}" for s in cluster)
+    helm_args = " ".join(f"-f values/{f}" for f in files) + sets
     return (
-        f"# Generated by: python scripts/render.py {args} --release {release}  (regenerate all: make render)\n"
-        f"# Same objects as: helm template {release} charts/dapo {helm}\n"
+        f"# Generated by: python scripts/render.py {args}{sets} --release {release} -n {RENDER_NAMESPACE}"
+        "  (regenerate all: make render)\n"
+        f"# Same objects as: helm template {release} charts/dapo -n {RENDER_NAMESPACE} {helm_args} --skip-tests\n"
         f"# An example, not a deployment: its images come from {PLACEHOLDER_REGISTRY}, a registry name that never\n"
         "# resolves (RFC 6761); its ReadWriteMany StorageClass is rwx-class"
         + (", its fabric InfiniBand" if name in RENDER_FABRIC else "") + ". Render your own with your\n"
         "# registry and digests (make images REGISTRY=... writes them) and your class"
         + (" and fabric (-f values/<cloud>.yaml)" if name in RENDER_FABRIC else "") + " before applying.\n"
-        "# Do not edit: change dapo/presets, values/ or charts/dapo and re-render. No namespace is set: a rendering like\n"
-        "# this one is applied with\n"
-        "#   kubectl apply --server-side -n <namespace> -f <file>\n"
-        "# Without a namespace the log follower's ServiceAccount, Role and RoleBinding are left out (a RoleBinding\n"
-        "# names its ServiceAccount's namespace): it then ends the run on its attempt logs alone; so is the start\n"
-        "# guard (dapo/k8s/start_guard.py). For them, render with --namespace <namespace>.\n"
+        "# Do not edit: change dapo/presets, values/ or charts/dapo and re-render.\n"
     )
 
 
-def apply(objects: list[dict[str, Any]], namespace: str | None) -> None:
+def apply(objects: list[dict[str, Any]], namespace: str) -> None:
     from kubernetes import config as kconfig
     from kubernetes import dynamic
     from kubernetes.client import api_client
@@ -144,7 +151,7 @@ def apply(objects: list[dict[str, Any]], namespace: str | None) -> None:
     # nor the pod template of a log follower Job (immutable), nor keep a follower whose RayJob is gone
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     for obj in objects:
-        ns = obj["metadata"].get("namespace") or namespace or "default"
+        ns = obj["metadata"].get("namespace") or namespace
         name = obj["metadata"]["name"]
         if obj["kind"] == "RayJob":
             kind = obj["metadata"]["labels"]["app.kubernetes.io/component"]
@@ -161,7 +168,7 @@ def apply(objects: list[dict[str, Any]], namespace: str | None) -> None:
             raise ValuesError(refusal)
     for obj in objects:
         res = client.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-        ns = obj["metadata"].get("namespace") or namespace or "default"
+        ns = obj["metadata"].get("namespace") or namespace
         client.server_side_apply(res, body=obj, namespace=ns, field_manager="dapo-render", force_conflicts=False)
         print(f"{obj['kind']}/{obj['metadata']['name']} applied (server-side) in namespace {ns}", file=sys.stderr)
 
@@ -171,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return _render_all(ap, args) if args.all else _render_one(ap, args)
-    except (ValuesError, ConfigError) as exc:
+    except ValuesError as exc:
         print(f"render.py: {exc}", file=sys.stderr)
         return 2
 
@@ -179,16 +186,15 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="scripts/render.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", help="preset to render (uses values/<preset>.yaml when present)")
-    ap.add_argument("-f", "--values", action="append", default=[], type=Path, help="values file (repeatable)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="chart value, e.g. worker.shmSize=64Gi (repeatable; VALUE is parsed as YAML)")
+    ap.add_argument("--preset", help="preset to render (adds -f values/<preset>.yaml when present)")
+    helm.add_value_flags(ap)
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="training override appended to `overrides`, e.g. recipe.trainer.total_training_steps=5")
     ap.add_argument("--release", default=None, help="release name (default: dapo, or the preset's usual one)")
-    ap.add_argument("--namespace", "-n", default=None, help="metadata.namespace (default: none, kubectl's current)")
+    ap.add_argument("--namespace", "-n", default="default", help="the release's namespace (default: default, as "
+                    "helm template without a kubeconfig)")
     ap.add_argument("--out", type=Path, default=None, help="write <out>/<preset>.yaml instead of stdout")
-    ap.add_argument("--all", action="store_true", help="render every preset of values/ into --out")
+    ap.add_argument("--all", action="store_true", help="render every set of values/ into --out")
     ap.add_argument("--check", action="store_true", help="with --all: fail if a file under --out is not up to date")
     ap.add_argument("--apply", action="store_true", help="server-side apply with the kubernetes client")
     return ap
@@ -198,7 +204,7 @@ def _render_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``--all``: every set of values/ into ``--out`` (``--check``: 1 when a file there is not up to date)."""
     if not args.out:
         ap.error("--all needs --out DIR")
-    if args.preset or args.values or args.set or args.override or args.apply:
+    if args.preset or helm.options_from(args).args() or args.override or args.apply:
         ap.error("--all renders the fixed sets of values/; it takes no other inputs")
     stale = []
     args.out.mkdir(parents=True, exist_ok=True)
@@ -217,43 +223,38 @@ def _render_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
+def preset_options(args: argparse.Namespace) -> tuple[helm.ValueOptions, str | None]:
+    """The value flags with ``--preset`` resolved, and the preset's usual release name."""
+    opts = helm.options_from(args)
+    release = None
+    if args.preset in RENDER_SETS:
+        set_files, release = RENDER_SETS[args.preset]
+        opts.files[:0] = [str(VALUES_DIR / f) for f in set_files]
+    elif args.preset and (VALUES_DIR / f"{args.preset}.yaml").exists():
+        opts.files.insert(0, str(VALUES_DIR / f"{args.preset}.yaml"))
+    elif args.preset:
+        opts.set_json.insert(0, f"preset={json.dumps(args.preset)}")
+    return opts, release
+
+
 def _render_one(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """One preset (or values files) to stdout, ``--out`` or the cluster (``--apply``); 2 when KubeRay would reject
-    an object."""
+    """One release to stdout, ``--out`` or the cluster (``--apply``); 2 when Helm refuses the values or KubeRay
+    would reject an object."""
     if args.check:
         ap.error("--check works with --all")
-    files: list[Path] = []
-    release = args.release
-    name = args.preset or "manifests"
-    if args.preset in RENDER_SETS:
-        set_files, set_release = RENDER_SETS[args.preset]
-        files += [VALUES_DIR / f for f in set_files]
-        release = release or set_release
-    elif args.preset and (VALUES_DIR / f"{args.preset}.yaml").exists():
-        files.append(VALUES_DIR / f"{args.preset}.yaml")
-    files += args.values
-    extra: dict[str, Any] = {}
-    if args.preset and args.preset not in RENDER_SETS and not (VALUES_DIR / f"{args.preset}.yaml").exists():
-        extra["preset"] = args.preset
-    sets = list(args.set)
-    objects_values_extra = extra or None
-    if args.override:
-        # appended after every other source of `overrides`
-        from dapo.k8s import load_values
-
-        base = load_values(CHART_DIR, files, sets, objects_values_extra)
-        objects_values_extra = {**(objects_values_extra or {}), "overrides": list(base["overrides"]) + args.override}
-    objects = render_objects(CHART_DIR, files, sets, release=release or "dapo", namespace=args.namespace,
-                             extra=objects_values_extra)
-    found = [f"{o['kind']}/{o['metadata']['name']}: {p}" for o in objects for p in problems(o)]
+    opts, release = preset_options(args)
+    manifests = render(opts, release=args.release or release or "dapo", namespace=args.namespace,
+                       overrides=tuple(args.override))
+    found = [f"{m.obj['kind']}/{m.obj['metadata']['name']}: {p}" for m in manifests for p in problems(m.obj)]
     if found:
         print("render.py: KubeRay would reject:\n  " + "\n  ".join(found), file=sys.stderr)
         return 2
     if args.apply:
-        apply(objects, args.namespace)
+        apply([m.obj for m in manifests], args.namespace)
         return 0
-    text = to_yaml(objects)
+    text = to_yaml(manifests)
     if args.out:
+        name = args.preset or "manifests"
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"{name}.yaml").write_text(text)
         print(f"wrote {args.out / f'{name}.yaml'}", file=sys.stderr)

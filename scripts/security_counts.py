@@ -5,7 +5,7 @@ templates (head, workers, K8sJobMode submitter) exported as Pods -- with their s
 
     python scripts/security_counts.py [--checkov .venv-checkov/bin/checkov]
 
-The numbers of docs/deploy.md's Security section (before and after the work that pinned them) come from it.
+What docs/security.md says reaches which pod is counted here.
 """
 
 from __future__ import annotations

@@ -300,10 +300,24 @@ def worker_count(group: dict[str, Any]) -> int:
 # Pods and the cluster
 # ---------------------------------------------------------------------------------------------------------------------
 
-def container_env(group: dict[str, Any]) -> dict[str, str]:
-    """The plain env of a group's Ray container (secretKeyRef entries are optional ones here and are left out)."""
+# the downward API's fields the kubelet resolves for a pod (env valueFrom.fieldRef.fieldPath); on loopback every pod
+# is its own stand-in node, named after the pod
+def _field(path: str, pod: str) -> Optional[str]:
+    return {"metadata.name": pod, "spec.nodeName": f"node-{pod}", "status.podIP": "127.0.0.1",
+            "status.hostIP": "127.0.0.1"}.get(path)
+
+
+def container_env(group: dict[str, Any], pod: str = "pod") -> dict[str, str]:
+    """The env of a group's Ray container as the kubelet sets it: plain values, and the downward API's fields of
+    this pod (:func:`_field`); secretKeyRef entries are optional ones here and are left out."""
     container = group["template"]["spec"]["containers"][0]
-    return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+    out = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            out[e["name"]] = str(e["value"])
+        elif (ref := (e.get("valueFrom") or {}).get("fieldRef")) and _field(ref.get("fieldPath", ""), pod):
+            out[e["name"]] = _field(ref["fieldPath"], pod)
+    return out
 
 
 class Pod:
@@ -327,7 +341,7 @@ class Pod:
                            "ray-client-server-port": str(client)})
         self.params = params
         names = {e["name"] for e in container.get("env", [])}
-        self.env = {**env, **container_env(group), **auth_env(token, names)}
+        self.env = {**env, **container_env(group, name), **auth_env(token, names)}
         self.argv = shlex.split(("ray start --head " if head else "ray start ") + convert_param_map(params))
         self.log = root / f"{name}.out"
         with open(self.log, "w") as out:

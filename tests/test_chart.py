@@ -13,6 +13,7 @@ from conftest import ROOT
 from dapo.k8s import ValuesError, versions
 from dapo.k8s.manifests import Chart
 from dapo.k8s.presets import runnable_presets
+from dapo.k8s import render_objects
 from k8s_support import (
     CHART_DIR,
     on_stand_in,
@@ -96,7 +97,7 @@ def test_schema_rejects_bad_values_naming_the_key(values, where):
         chart().render(values, name="dapo", namespace="ml")
     # scripts/render.py checks the same schema
     with pytest.raises(ValuesError, match=re.escape(where)):
-        render_script().render_objects(CHART_DIR, [], extra=values)
+        render_objects(CHART_DIR, [], extra=values)
 
 
 DELETE_OK = [{"policy": "DeleteCluster", "condition": {"jobStatus": "FAILED", "ttlSeconds": 60}}]
@@ -158,7 +159,7 @@ def test_cross_field_rule_fails_naming_the_key_in_helm_and_render_py(values, key
     with pytest.raises(helm().HelmRenderError, match=re.escape(key)):
         chart().render(values, name="dapo", namespace="ml")
     with pytest.raises(ValuesError, match=re.escape(key)):
-        render_script().render_objects(CHART_DIR, [], extra=values)
+        render_objects(CHART_DIR, [], extra=values)
 
 
 def test_rayjob_name_limit_counts_the_suffix():

@@ -115,10 +115,3 @@ def test_logs_disabled_leaves_no_follower_and_no_rbac_in_helm_and_render_py():
         guard = [o for o in objects if o["metadata"]["name"] == "dapo-train-start"]  # no follower Job to delete
         role = next(o for o in guard if o["kind"] == "Role")
         assert not [r for r in role["rules"] if r["resources"] == ["jobs"]]
-
-
-def test_without_a_namespace_render_py_leaves_the_rbac_out_and_says_so():
-    objects = by_key(python_objects(set_files("full")[0], namespace=None))
-    assert ("Job", "dapo-train-logs") in objects and ("Role", "dapo-logs") not in objects
-    assert "serviceAccountName" not in objects[("Job", "dapo-train-logs")]["spec"]["template"]["spec"]
-    assert "the log follower's ServiceAccount, Role and RoleBinding are left out" in render_script().header_for("full")

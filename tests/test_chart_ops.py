@@ -29,6 +29,7 @@ from dapo.k8s.presets import effective_preset, merged_preset, trainer_path
 from dapo.k8s.security import RESTRICTED_CONTAINER
 from dapo.config import split_overrides
 from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, follower_refusal, go_json, spec_sha256, upgrade_refusal
+from dapo.k8s import render_objects
 from k8s_support import (
     CHART_DIR,
     on_stand_in,
@@ -61,7 +62,7 @@ def refused(values, key):
     with pytest.raises(helm().HelmRenderError, match=re.escape(key)) as h:
         chart().render(copy.deepcopy(values), name="dapo", namespace="ml")
     with pytest.raises(ValuesError, match=re.escape(key)) as p:
-        render_script().render_objects(CHART_DIR, [], extra=copy.deepcopy(values))
+        render_objects(CHART_DIR, [], extra=copy.deepcopy(values))
     helm_msg = str(h.value).split("): ", 1)[-1]
     assert str(p.value) == helm_msg  # the same message, word for word
 
@@ -168,7 +169,7 @@ def test_notes_warn_that_ipc_lock_needs_root():
 
 def test_values_describe_deadlines_per_attempt_not_retries_included():
     values_text = (CHART_DIR / "values.yaml").read_text()
-    docs = (ROOT / "docs" / "deploy.md").read_text()
+    docs = (ROOT / "docs" / "deadlines.md").read_text()
     assert "retries included" not in values_text + docs
     assert "Wall-clock limit of ONE attempt" in values_text and "(backoffLimit + 1) x this" in values_text
     assert "per attempt" in docs
@@ -656,7 +657,7 @@ def test_schema_rejects_bad_new_values_naming_the_key(values, where):
     with pytest.raises(helm().HelmValuesError, match=re.escape(where)):
         chart().render({**RWX, **values}, name="dapo", namespace="ml")
     with pytest.raises(ValuesError, match=re.escape(where)):
-        render_script().render_objects(CHART_DIR, [], extra={**RWX, **values})
+        render_objects(CHART_DIR, [], extra={**RWX, **values})
 
 
 def test_gpu_check_with_torch_reports_a_cuda_runtime_that_cannot_use_the_gpus(tmp_path):

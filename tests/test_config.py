@@ -28,7 +28,7 @@ def test_override_applies_and_parses_yaml_scalars():
 
 
 def test_unknown_preset_lists_available():
-    with pytest.raises(ConfigError, match="unknown preset 'nope'.*full"):
+    with pytest.raises(ConfigError, match='unknown preset "nope".*full'):
         load_preset("nope")
 
 

@@ -279,6 +279,8 @@ def _check_dapo(argv: list[str], monkeypatch) -> str:
     if argv[0].endswith("dapo"):
         if len(argv) > 1 and argv[1].isupper():  # `dapo COMMAND --help`: a placeholder for any command
             return ""
+        if argv[1:] in (["--version"], ["-V"]):  # answered by the dispatcher itself, before any parser
+            return "" if dapo_main(argv[1:]) == 0 else "dapo --version failed"
         return _parse_only(monkeypatch, dapo_main, argv[1:])
     if argv[:3] == ["python", "-m", "dapo.train"]:
         return _parse_only(monkeypatch, train_main, argv[3:])

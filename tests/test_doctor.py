@@ -304,6 +304,10 @@ def test_an_unreachable_api_server_or_refused_values_exit_2(cluster, tmp_path, c
     argv = ["--kubeconfig", str(cluster.config), "-f", str(VALUES_DIR / "full.yaml")]
     assert main(argv + ["--set", "storage.size=1Gi"] + [a for s in SETS for a in ("--set", s)]) == 2
     assert "storage.size: 1Gi is smaller than what preset full needs" in capsys.readouterr().err
+    # Helm renders an override the preset does not have (the chart cannot load presets); dapo doctor loads it
+    assert main(argv + ["-f", str(VALUES_DIR / "eks-p5.yaml"), "--set", "overrides={recipe.actor.optim.lrr=1e-5}"]
+                + [a for s in SETS for a in ("--set", s)]) == 2
+    assert "did you mean 'lr'" in capsys.readouterr().err
     cluster.close()
     assert main(argv) == 2
     assert "cannot be reached" in capsys.readouterr().err
@@ -334,3 +338,116 @@ def test_gke_multi_networks_the_pods_name_must_exist(tmp_path):
         assert (row.verdict, row.found) == ("FAIL", "GKE networks missing: vpc5") and "GKENetworkParamSet" in row.fix
     finally:
         api.close()
+
+
+def test_gpu_nodes_with_a_noexecute_taint_the_workers_do_not_tolerate_are_not_counted(cluster, tmp_path):
+    """A NoExecute taint repels a pod as NoSchedule does (and evicts a running one): four GPU nodes reserved with
+    one leave 12 of the 16 workers a place; a toleration of it in the values gives them back. The chart's default
+    toleration of the GPU taint names the effect NoSchedule, so the same key with NoExecute is not tolerated."""
+    for i in range(4):
+        n = cluster.store[("/api/v1", "nodes", "")][f"ip-10-0-7-{i}"]
+        n["spec"]["taints"] = GPU_TAINT + [{"key": "dedicated", "value": "team-b", "effect": "NoExecute"}]
+    (verdict, found, fix), = doctor_rows(cluster)["gpu nodes"]
+    assert verdict != "ok" and "12 of 16 fit now (12 node(s) could take one)" in found, found
+    assert "4 node(s) taint dedicated=team-b:NoExecute not tolerated" in found and "tolerations" in fix
+    tolerate = tmp_path / "tolerate.yaml"
+    tolerate.write_text("worker:\n  tolerations:\n  - {key: nvidia.com/gpu, operator: Exists}\n"
+                        "  - {key: dedicated, value: team-b, effect: NoExecute}\n")
+    assert doctor_rows(cluster, values=VALUES + [tolerate])["gpu nodes"][0][0] == "ok"
+    for i in range(4):  # the GPU taint itself with NoExecute
+        n = cluster.store[("/api/v1", "nodes", "")][f"ip-10-0-7-{i}"]
+        n["spec"]["taints"] = [dict(GPU_TAINT[0], effect="NoExecute")]
+    (verdict, found, _), = doctor_rows(cluster)["gpu nodes"]
+    assert verdict != "ok" and "4 node(s) taint nvidia.com/gpu=true:NoExecute not tolerated" in found, found
+
+
+def test_a_baseline_namespace_is_refused_for_ipc_lock_and_admitted_without_it(cluster, capsys):
+    """IPC_LOCK (ipcLock, RDMA memory registration) is not among the capabilities Pod Security baseline allows: a
+    namespace enforcing baseline refuses the workers, so doctor fails it naming ipcLock and the level to label."""
+    from dapo.k8s import load_values, render_objects
+    from dapo.k8s.doctor import Cluster, Doctor
+    from dapo.k8s.doctor_checks import pod_security
+    from dapo.k8s.doctor_cli import main
+
+    cluster.store[("/api/v1", "namespaces", "")]["ml"]["metadata"]["labels"][
+        "pod-security.kubernetes.io/enforce"] = "baseline"
+    assert doctor_rows(cluster)["pod security"][0][0] == "ok"
+    sets = SETS + ["ipcLock=true"]
+    (row,) = pod_security(Doctor(load_values(CHART_DIR, VALUES, sets), render_objects(
+        CHART_DIR, VALUES, sets, release="dapo", namespace="ml"), "ml", Cluster(str(cluster.config))))
+    assert (row.verdict, row.found) == ("FAIL", "namespace ml: enforce=baseline")
+    assert row.needed == "admits privileged (ipcLock (IPC_LOCK is not among the capabilities baseline allows))"
+    assert row.fix == "kubectl label namespace ml pod-security.kubernetes.io/enforce=privileged --overwrite"
+    argv = ["-n", "ml", "--kubeconfig", str(cluster.config)] + [a for f in VALUES for a in ("-f", str(f))]
+    assert main(argv + [a for s in sets for a in ("--set", s)]) == 1
+    assert "1 FAIL: the run cannot start as these values install it" in capsys.readouterr().out
+
+
+def _gpu_node(api, i: int) -> dict:
+    return api.store[("/api/v1", "nodes", "")][f"ip-10-0-7-{i}"]
+
+
+def test_one_worker_per_host_counts_a_node_with_room_for_two_once(cluster, tmp_path):
+    """worker.onePerHost (a required pod anti-affinity on the hostname): a node with room for two workers takes
+    one; without it, two."""
+    for i in range(16):
+        if i < 8:  # eight nodes twice the size, the other eight gone
+            _gpu_node(cluster, i)["status"]["allocatable"].update({"cpu": "382900m", "memory": "4114732368Ki",
+                                                                    "nvidia.com/gpu": "16", "vpc.amazonaws.com/efa": "64"})
+        else:
+            cluster.remove("Node", f"ip-10-0-7-{i}")
+    (verdict, found, _), = doctor_rows(cluster)["gpu nodes"]
+    assert verdict != "ok" and found.startswith("8 of 16 fit now (8 node(s) could take one)"), found
+    (verdict, found, _), = doctor_rows(cluster, sets=SETS + ["worker.onePerHost=false"])["gpu nodes"]
+    assert verdict == "ok" and found.startswith("16 of 16 fit now"), found
+
+
+def test_a_finished_pod_holds_no_gpus_and_a_running_one_does(cluster):
+    for i in range(4):
+        cluster.put(pod(f"done-{i}", f"ip-10-0-7-{i}", "team-b", {"nvidia.com/gpu": "8"}, phase="Succeeded"))
+        cluster.put(pod(f"failed-{i}", f"ip-10-0-7-{i}", "team-b", {"nvidia.com/gpu": "8"}, phase="Failed"))
+    assert doctor_rows(cluster)["gpu nodes"][0][1].startswith("16 of 16 fit now")
+    cluster.put(pod("running-0", "ip-10-0-7-0", "team-b", {"nvidia.com/gpu": "1"}))
+    assert doctor_rows(cluster)["gpu nodes"][0][1].startswith("15 of 16 fit now")
+
+
+def test_a_required_node_affinity_is_matched_with_its_operators(cluster, tmp_path):
+    """nodeSelectorTerms' matchExpressions as the scheduler reads them: NotIn the nodes' instance type leaves none,
+    In it all 16, Gt/Lt on a numeric label by its value."""
+    def rows(expr: str):
+        f = tmp_path / "affinity.yaml"
+        f.write_text("worker:\n  affinity:\n    nodeAffinity:\n      requiredDuringSchedulingIgnoredDuringExecution:\n"
+                     f"        nodeSelectorTerms:\n        - matchExpressions:\n          - {expr}\n")
+        return doctor_rows(cluster, values=VALUES + [f])["gpu nodes"][0]
+    for i in range(16):
+        _gpu_node(cluster, i)["metadata"]["labels"]["example.com/gpu-mem-gib"] = "80" if i < 12 else "40"
+    verdict, found, _ = rows("{key: node.kubernetes.io/instance-type, operator: NotIn, values: [p5.48xlarge]}")
+    assert verdict != "ok" and "0 of 16 fit now" in found and "16 node(s) node affinity does not match" in found
+    assert rows("{key: node.kubernetes.io/instance-type, operator: In, values: [p5.48xlarge]}")[0] == "ok"
+    assert rows("{key: example.com/gpu-mem-gib, operator: Gt, values: ['64']}")[1].startswith("12 of 16 fit now")
+    assert rows("{key: example.com/gpu-mem-gib, operator: Lt, values: ['64']}")[1].startswith("4 of 16 fit now")
+
+
+def test_a_pods_init_containers_count_as_the_largest_of_them_not_their_sum(cluster):
+    """The scheduler's request of a pod: the largest init container or the sum of the containers, whichever is more
+    (Kubernetes, "Resource sharing within containers"): a pod whose init container asked for nearly all that the
+    worker leaves free still leaves the worker its room."""
+    from dapo.k8s import capacity, load_values, render_objects
+    from dapo.k8s.doctor import Cluster, Doctor
+
+    d = Doctor(load_values(CHART_DIR, VALUES, SETS), render_objects(CHART_DIR, VALUES, SETS, release="dapo",
+                                                                    namespace="ml"), "ml", Cluster(str(cluster.config)))
+    worker_cpu = capacity.pod_requests(d.worker()["spec"])["cpu"]
+    free = capacity.free_resources(_gpu_node(cluster, 0), d.pods())["cpu"]
+    init = free - worker_cpu - 0.5
+    setup = pod("setup", "ip-10-0-7-0", "kube-system", {"cpu": "1"})
+    setup["spec"]["initContainers"] = [{"name": "a", "image": "x", "resources": {"requests": {"cpu": f"{init}"}}},
+                                       {"name": "b", "image": "x", "resources": {"requests": {"cpu": "1"}}}]
+    cluster.put(setup)
+    assert doctor_rows(cluster)["gpu nodes"][0][1].startswith("16 of 16 fit now")
+    # the same CPUs asked by two containers that run side by side: their sum counts, the worker no longer fits
+    setup["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "2"
+    setup["spec"]["initContainers"] = [{"name": "a", "image": "x", "resources": {"requests": {"cpu": "1"}}}]
+    setup["spec"]["containers"].append({"name": "c", "image": "x", "resources": {"requests": {"cpu": f"{init}"}}})
+    cluster.put(setup)
+    assert doctor_rows(cluster)["gpu nodes"][0][1].startswith("15 of 16 fit now")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from dapo.k8s import render_objects
 from dapo.train import fabric
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
@@ -51,6 +52,30 @@ def test_the_bus_bandwidth_is_measured_across_two_processes(gloo_rows):
         assert r["seconds"] > 0 and r["algbw_gbps"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)  # nccl-tests: 2(n-1)/n
     print("gloo over loopback, 2 ranks:", [(r["bytes"], round(r["busbw_gbps"], 3)) for r in gloo_rows])
+
+
+_TEARDOWN_RANK = """
+import json, os, sys
+import torch.distributed as dist
+from dapo.train.fabric import run_rank
+rank = int(sys.argv[1])
+rows = run_rank(rank, 2, sys.argv[2], backend="gloo", sizes=[2**16], iters=2, teardown=rank == 0)
+print(json.dumps({"rows": len(rows), "group_up": dist.is_initialized()}), flush=True)
+os._exit(0)  # rank 1's group stays up: the process ends without tearing it down, as a killed actor does
+"""
+
+
+def test_a_rank_leaves_its_process_group_only_when_asked_to_tear_down():
+    """run_rank's teardown: rank 0 (teardown, the command line's ranks) leaves the group after measuring; rank 1
+    (teardown=False, the fabric check's Ray actors, which the driver kills) leaves it up."""
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    procs = [subprocess.Popen([sys.executable, "-c", _TEARDOWN_RANK, str(r), init], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert got == [{"rows": 1, "group_up": False}, {"rows": 1, "group_up": True}], outs
 
 
 def test_the_floor_passes_and_fails_on_the_measured_bandwidth(gloo_rows):
@@ -134,32 +159,49 @@ def test_dapo_train_refuses_the_check_on_the_local_backend(capsys):
 
 
 _RAY_SCRIPT = """
-import json, sys
+import json
+from dapo.backends.verl.fabric import run_check
 import ray
-ray.init(num_cpus=2, include_dashboard=False, _temp_dir=sys.argv[1])
+ray.init()  # RAY_ADDRESS: the loopback cluster's GCS
 try:
-    from dapo.backends.verl.fabric import run_check
-    print("REPORT " + json.dumps(run_check(1, 2, backend="gloo", sizes=[2**16, 2**20], iters=3)))
+    print("REPORT " + json.dumps(run_check(2, 1, backend="gloo", sizes=[2**16, 2**20], iters=3)))
 finally:
     ray.shutdown()
 """
 
 
+def _two_raylets() -> dict:
+    """A RayJob whose cluster is a head and one worker of 2 CPUs each: room for both ranks on either node."""
+    group = {"rayStartParams": {"num-cpus": "2"}, "template": {"spec": {"containers": [{"name": "ray", "resources": {}}]}}}
+    return {"metadata": {"name": "fabric"}, "spec": {"rayClusterSpec": {
+        "headGroupSpec": group, "workerGroupSpecs": [{**group, "groupName": "w", "replicas": 1}]}}}
+
+
 @pytest.mark.slow
 def test_the_check_runs_as_ray_actors_in_a_placement_group(tmp_path):
-    """The path a cluster takes (actors in a placement group, rank 0's address handed to all, NCCL's debug file
-    per process, actors and group removed after), on a Ray instance of its own with gloo ranks on CPU."""
+    """The path a cluster takes (actors in a placement group of one bundle per Ray node, rank 0's address handed to
+    all, NCCL's debug file per process, actors and group removed after), with gloo ranks on CPU, on a loopback Ray
+    cluster of two raylets (tests/kuberay_loopback.py) each with room for both ranks: the two ranks ran on the two
+    Ray nodes, not packed onto one."""
+    from kuberay_loopback import VENV_BIN, LoopbackRayCluster
+
     short = Path("/tmp") / f"dapo-fab-{os.getpid()}"  # Ray's socket paths must stay short
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(tmp_path), RAY_AUTH_MODE="disabled",
-               RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    short.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(ROOT), HOME=str(tmp_path), RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    cluster = None
     try:
-        out = subprocess.run([sys.executable, "-c", _RAY_SCRIPT, str(short)], env=env, capture_output=True, text=True,
-                             timeout=600)
+        cluster = LoopbackRayCluster(_two_raylets(), short, env)
+        out = subprocess.run([sys.executable, "-c", _RAY_SCRIPT], env={**env, "RAY_ADDRESS": f"127.0.0.1:{cluster.gcs_port}"},
+                             capture_output=True, text=True, timeout=600)
     finally:
+        if cluster is not None:
+            cluster.close()
         subprocess.run(["rm", "-rf", str(short)], check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("REPORT "))[7:])
-    assert report["world"] == 2 and report["nodes"] == 1 and report["backend"] == "gloo"
+    assert report["world"] == 2 and report["nodes"] == 1 and report["ray_nodes"] == 2 and report["backend"] == "gloo"
     assert [r["bytes"] for r in report["sizes"]] == [2**16, 2**20] and report["sizes"][-1]["busbw_gbps"] > 0
     assert fabric.judge(report, "socket", floor_gbps=1e-6) == []
 
@@ -198,7 +240,7 @@ def _refusal(values: dict) -> tuple[str, str]:
     with pytest.raises(helm().HelmRenderError) as helm_err:
         chart().render(values, name="dapo", namespace="ml")
     with pytest.raises(ValuesError) as py_err:
-        render_script().render_objects(CHART_DIR, [], extra=values)
+        render_objects(CHART_DIR, [], extra=values)
     return str(helm_err.value), str(py_err.value)
 
 
@@ -228,7 +270,7 @@ def test_runs_that_need_no_declared_fabric_render_without_one(values, why):
     from k8s_support import CHART_DIR, helm_objects, render_script
 
     values = {"storage": {"storageClassName": "rwx"}, "image": {"published": True}, **values}
-    objects = render_script().render_objects(CHART_DIR, [], extra=values, release="dapo", namespace="ml")
+    objects = render_objects(CHART_DIR, [], extra=values, release="dapo", namespace="ml")
     assert objects == helm_objects(values, stand_in=False), why
     train = [o for o in objects if o["kind"] == "RayJob" and o["metadata"]["name"].endswith("-train")]
     if train and values.get("fabric", {}).get("expect") != "socket":
@@ -323,3 +365,36 @@ def test_a_placement_timeout_that_is_not_a_positive_number_is_refused_naming_the
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--preset", "verl-tiny", "--fabric-placement-timeout", bad])
     assert "--fabric-placement-timeout" in capsys.readouterr().err
+
+
+# --- the placement judged from where the ranks ran (dapo.backends.verl.fabric.check) ---------------------------------
+
+def _ranks_on(hosts: list[str], gloo_rows) -> list[dict]:
+    """Every rank's answer as dapo.backends.verl.fabric._Rank.run returns it: 16 x 8 ranks spread over ``hosts`` in
+    rank order, each with the measured rows and the NCCL lines of an IB fabric (tests/fixtures/nccl/ib.log)."""
+    return [{"rank": r, "host": hosts[r * len(hosts) // 128], "ray_node": f"{r // 8:056x}", "sizes": gloo_rows,
+             "nccl_lines": _lines("ib")} for r in range(128)]
+
+
+@pytest.mark.parametrize("hosts, crossed", [(["gpu-a"], False), (["gpu-a", "gpu-b"], False),
+                                            ([f"gpu-{i:02d}" for i in range(16)], True)])
+def test_a_multi_node_check_whose_ranks_ran_on_fewer_hosts_than_the_preset_has_nodes_is_refused(
+        hosts, crossed, gloo_rows, monkeypatch):
+    """The 16-node preset's check measured on 1 or 2 hosts (Ray placed the bundles elsewhere than one per node: the
+    all-reduce never crossed the fabric it judges) is refused naming the hosts, however good the numbers; on 16 it
+    passes."""
+    from dapo.backends.verl import fabric as vf
+    from dapo.config.loader import load_preset
+
+    preset = load_preset("full")
+    assert (preset.placement.nodes, preset.placement.gpus_per_node) == (16, 8)
+    monkeypatch.setattr(vf, "run_check", lambda nodes, gpus, backend, placement_timeout: vf.report_of(
+        _ranks_on(hosts, gloo_rows), backend))
+    logged: list[str] = []
+    reasons, extra = vf.check(preset, "ib", floor_gbps=gloo_rows[-1]["busbw_gbps"] / 10, log=logged.append)
+    if crossed:
+        assert reasons == [] and extra["fabric/passed"] is True, reasons
+        return
+    assert len(reasons) == 1 and reasons[0].startswith(f"the ranks ran on {len(hosts)} host(s) ({', '.join(hosts)})")
+    assert "not 16: the check did not cross the nodes" in reasons[0]
+    assert extra["fabric/passed"] is False and "did not cross the nodes" in logged[-1]

@@ -419,3 +419,92 @@ def test_the_eval_follower_explains_the_eval_rayjobs_waits():
     waits = Waits(object(), release="dapo-aime", kind="eval")  # type: ignore[arg-type]
     assert waits.selector == ("app.kubernetes.io/instance=dapo-aime,app.kubernetes.io/component in "
                               "(eval-head,eval-worker,eval-submitter)")
+
+
+def _oom(name: str) -> dict:
+    p = pod(name, phase="Running")
+    p["status"]["containerStatuses"][0].update(restartCount=1, lastState={"terminated": {"reason": "OOMKilled",
+                                                                                         "exitCode": 137}})
+    return p
+
+
+def _lost(name: str) -> dict:
+    p = pod(name, phase="Running")
+    p["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+                                      "message": "Taint manager: deleting due to NoExecute taint"})
+    return p
+
+
+def test_a_failed_run_names_its_last_attempts_disruptions_not_an_earlier_attempts(tmp_path, api):
+    """Three attempts, each on a new RayCluster (KubeRay's retry): a worker OOM-killed in attempt 1, a node lost in
+    attempt 2, a worker OOM-killed again in attempt 3. The run's last line names attempt 3's cause, the OOM kill
+    -- printed again although attempt 1 had the same one -- and not attempt 2's lost node."""
+    log_dir = tmp_path / "logs"
+    api.status("Running", job="RUNNING")
+    api.pods = [pod("dapo-train-a1b2c-head", phase="Running")]
+    proc = start(log_dir, api)
+    for n, (cluster, disrupt) in enumerate([("a1b2c", _oom), ("d3e4f", _lost), ("g5h6k", _oom)], 1):
+        workers = [f"dapo-train-{cluster}-gpu-workers-worker-{i}" for i in range(2)]
+        serve(api, [pod(f"dapo-train-{cluster}-head", phase="Running")] + [pod(w, phase="Running") for w in workers],
+              [])
+        looks(api)
+        cue = tmp_path / f"cue-{n}"
+        driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(log_dir), str(cue)], env=ENV)
+        deadline = time.monotonic() + 60
+        while not (log_dir / f"attempt-{n}.log").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        looks(api, 5)  # the follower prints attempt n now
+        serve(api, [pod(f"dapo-train-{cluster}-head", phase="Running"), pod(workers[0], phase="Running"),
+                    disrupt(workers[1])], [])
+        looks(api, 5)
+        cue.touch()
+        assert driver.wait(timeout=60) == 1
+        api.status("Failed" if n == 3 else "Running", job="FAILED" if n == 3 else "RUNNING", failed=n)
+    rc, out, err = finish(proc)
+    assert rc == 1, err
+    said = [line for line in err.splitlines() if line.startswith("[cluster] ")]
+    assert sum("OOMKilled" in line for line in said) == 2 and sum("DeletionByTaintManager" in line for line in said) \
+        == 1, "\n".join(said)
+    final = out.decode().strip().splitlines()[-1]
+    assert final.startswith("==> the run failed: the RayJob is Failed, job FAILED, 3 failed attempt(s)"), final
+    assert "while its last attempt ran: pod dapo-train-g5h6k-gpu-workers-worker-1: container ray-worker restarted " \
+           "(1x), last ended OOMKilled exit code 137" in final, final
+    assert "DeletionByTaintManager" not in final and "a1b2c" not in final, final
+    assert "before its driver started" not in final, final  # every attempt's driver ran
+
+
+PREEMPTORS = {18: "3f0c2a1e-5b6d-4c7e-8f9a-0b1c2d3e4f5a", 20: "ab7d4e2f-c1d2-4e3f-a4b5-c6d7e8f9a0b1",
+              22: "c1a8f03d-9e8d-4c7b-b6a5-f4e3d2c1b0a9"}  # the preemptor: another uid each time
+
+
+def test_a_cause_whose_numbers_change_is_printed_once_and_a_new_cause_at_once(tmp_path, api):
+    """The same wait read again and again with its numbers moving -- the scheduler's node counts as the autoscaler
+    adds nodes, the autoscaler's group sizes, the preemptor's uid -- is one cause, printed once; a cause in other
+    words (the pull failing) is printed as soon as it appears."""
+    names = [f"dapo-train-gpu-workers-worker-{i:02d}" for i in range(4)]
+    api.status("Initializing")
+    proc = start(tmp_path / "logs", api)
+    for nodes in (18, 20, 22):
+        msg = NO_GPUS.replace("0/18", f"0/{nodes}").replace("16 Insufficient", f"{nodes - 2} Insufficient")
+        serve(api, [pod("dapo-train-head", phase="Running")] + [pod(n, scheduled=msg) for n in names],
+              [warning("Pod", n, "TriggeredScaleUp", f"pod triggered scale-up: [{{eks-p5-a {nodes - 2}->{nodes} "
+                       f"(max: {nodes + 2})}}]", type_="Normal") for n in names]
+              + [warning("Pod", "dapo-train-head", "Preempted", f"Preempted by pod {uid} on node "
+                         f"ip-10-0-7-{nodes}.ec2.internal", type_="Normal")
+                 for uid in [PREEMPTORS[nodes]]])
+        looks(api, 3)
+    serve(api, [pod("dapo-train-head", phase="Running")] + [pod(n, waiting={"reason": "ErrImagePull", "message": PULL})
+                                                            for n in names], [])
+    looks(api, 3)
+    api.status("Failed", job="", failed=1)
+    rc, out, err = finish(proc)
+    assert rc == 1, err
+    said = [line for line in err.splitlines() if line.startswith("[wait] ") and "RayJob" not in line]
+    assert said == [
+        f"[wait] 4 worker pods: not scheduled: Unschedulable: {NO_GPUS}",
+        "[wait] 4 worker pods: TriggeredScaleUp: pod triggered scale-up: [{eks-p5-a 16->18 (max: 20)}]",
+        f"[wait] pod dapo-train-head: Preempted: Preempted by pod {PREEMPTORS[18]} on node "
+        "ip-10-0-7-18.ec2.internal",
+        f"[wait] 4 worker pods: container ray-worker ErrImagePull: image {IMAGE}: {PULL}",
+    ], "\n".join(said)

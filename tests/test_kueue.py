@@ -3,7 +3,8 @@ against Kueue v0.19.2's own CRDs (tests/fixtures/kueue, pinned here against ever
 the chart with values/kueue.yaml renders a RayJob with the LocalQueue's label that Kueue's RayJob webhook (v0.19.2,
 pkg/controller/jobs/rayjob/rayjob_webhook.go and raycluster/common.go) admits, whose pods the ClusterQueue covers and
 fits, the head on the CPU flavor and the workers on the GPU one; the manager's waitForPodsReady settings are the
-ones docs/deploy.md counts on; and dapo doctor's queue check passes on exactly these objects."""
+ones docs/deadlines.md counts on; the admitted pods schedule on every cloud's GPU nodes (the flavors pin no cloud's
+labels); and dapo doctor's queue check passes on exactly these objects."""
 
 from __future__ import annotations
 
@@ -81,10 +82,78 @@ def _requests(pod_spec: dict) -> dict:
     return pod_requests(pod_spec)
 
 
-def test_the_cluster_queue_covers_and_fits_the_run_head_on_cpu_workers_on_gpu():
-    from dapo.k8s.capacity import quantity, tolerates
+CLOUDS = ("eks-p5", "gke-a3-mega", "gke-a3-high", "gke-a3-ultra")
+# One GPU node of each cloud as its provider labels and taints it: the instance type (Kubernetes' well-known label,
+# the machines of docs/fabric.md), GKE's accelerator label (the values the cloud files select, from Google's installer
+# manifests, docs/fabric.md), and GKE's GPU taint nvidia.com/gpu=present:NoSchedule. An EKS node group's taint is the
+# cluster's choice: the one the samples name.
+GPU_NODES = {
+    "eks-p5": ({"node.kubernetes.io/instance-type": "p5.48xlarge"}, "true"),
+    "gke-a3-mega": ({"node.kubernetes.io/instance-type": "a3-megagpu-8g",
+                     "cloud.google.com/gke-accelerator": "nvidia-h100-mega-80gb"}, "present"),
+    "gke-a3-high": ({"node.kubernetes.io/instance-type": "a3-highgpu-8g",
+                     "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}, "present"),
+    "gke-a3-ultra": ({"node.kubernetes.io/instance-type": "a3-ultragpu-8g",
+                      "cloud.google.com/gke-accelerator": "nvidia-h200-141gb"}, "present"),
+}
 
-    job = by_key(python_objects(FILES))[("RayJob", "dapo-train")]
+
+def _admitted(pod_spec: dict, flavor: dict) -> dict:
+    """The pod spec as Kueue admits it to a flavor: the flavor's nodeLabels added to its nodeSelector, its
+    tolerations appended (Kueue v0.19.2, pkg/podset)."""
+    return {**pod_spec, "nodeSelector": {**(pod_spec.get("nodeSelector") or {}), **(flavor.get("nodeLabels") or {})},
+            "tolerations": [*(pod_spec.get("tolerations") or []), *(flavor.get("tolerations") or [])]}
+
+
+def _flavor_for(pod_spec: dict, rg: dict, flavors: dict) -> str:
+    """Kueue's first flavor, in the ClusterQueue's order, whose taints the pod set tolerates."""
+    from dapo.k8s.capacity import tolerates
+
+    return next(f["name"] for f in rg["flavors"] if all(
+        tolerates(pod_spec.get("tolerations") or [], t) for t in flavors[f["name"]].get("nodeTaints") or []))
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_the_admitted_workers_and_preflight_schedule_on_every_clouds_gpu_nodes(cloud):
+    """The sample is applied as written on every cloud: the GPU flavor Kueue admits the workers (and the preflight,
+    queued too) to adds nothing to their nodeSelector that the cloud's GPU nodes lack -- an EKS instance type in its
+    nodeLabels would leave GKE's workers Pending forever."""
+    from dapo.k8s.capacity import refusal
+
+    objs = by_key(python_objects([VALUES_DIR / "full.yaml", VALUES_DIR / f"{cloud}.yaml", VALUES_DIR / "kueue.yaml"]))
+    cluster = objs[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]
+    cq = next(o for o in SAMPLES if o["kind"] == "ClusterQueue")
+    (rg,) = cq["spec"]["resourceGroups"]
+    flavors = {o["metadata"]["name"]: o["spec"] for o in SAMPLES if o["kind"] == "ResourceFlavor"}
+    labels, taint_value = GPU_NODES[cloud]
+    node = {"metadata": {"name": f"{cloud}-gpu-0", "labels": labels},
+            "spec": {"taints": [{"key": "nvidia.com/gpu", "value": taint_value, "effect": "NoSchedule"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    preflight = objs[("Job", "dapo-preflight")]["spec"]["template"]["spec"]
+    for name, spec in (("workers", cluster["workerGroupSpecs"][0]["template"]["spec"]), ("preflight", preflight)):
+        flavor = _flavor_for(spec, rg, flavors)
+        assert flavor == "gpu-pool", (name, flavor)
+        why = refusal(node, _admitted(spec, flavors[flavor]))
+        assert why is None, f"{cloud}: the {name} admitted to {flavor} cannot schedule on the cloud's GPU node: {why}"
+
+
+def test_a_flavor_pinned_to_one_clouds_instance_type_is_caught():
+    from dapo.k8s.capacity import refusal
+
+    spec = {"nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-h100-mega-80gb"}}
+    node = {"metadata": {"labels": GPU_NODES["gke-a3-mega"][0]}, "status": {"conditions": [{"type": "Ready",
+                                                                                            "status": "True"}]}}
+    pinned = {"nodeLabels": {"node.kubernetes.io/instance-type": "p5.48xlarge"}}
+    assert refusal(node, _admitted(spec, {})) is None
+    assert refusal(node, _admitted(spec, pinned)) == "no label node.kubernetes.io/instance-type=p5.48xlarge"
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_the_cluster_queue_covers_and_fits_the_run_head_on_cpu_workers_on_gpu(cloud):
+    from dapo.k8s.capacity import quantity
+
+    files = [VALUES_DIR / "full.yaml", VALUES_DIR / f"{cloud}.yaml", VALUES_DIR / "kueue.yaml"]
+    job = by_key(python_objects(files))[("RayJob", "dapo-train")]
     cluster = job["spec"]["rayClusterSpec"]
     head = cluster["headGroupSpec"]["template"]["spec"]
     group = cluster["workerGroupSpecs"][0]
@@ -97,11 +166,7 @@ def test_the_cluster_queue_covers_and_fits_the_run_head_on_cpu_workers_on_gpu():
     lq = next(o for o in SAMPLES if o["kind"] == "LocalQueue")
     assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"]
 
-    def flavor_for(pod_spec: dict) -> str:
-        """Kueue's first flavor, in the ClusterQueue's order, whose taints the pod set tolerates."""
-        return next(f["name"] for f in rg["flavors"] if all(
-            tolerates(pod_spec.get("tolerations") or [], t) for t in flavors[f["name"]].get("nodeTaints") or []))
-    assert flavor_for(workers) == "gpu-pool" and flavor_for(head) == "cpu-pool"
+    assert _flavor_for(workers, rg, flavors) == "gpu-pool" and _flavor_for(head, rg, flavors) == "cpu-pool"
     quota = {f["name"]: {r["name"]: quantity(r["nominalQuota"]) for r in f["resources"]} for f in rg["flavors"]}
     replicas = int(group["replicas"])
     for name, need in _requests(workers).items():

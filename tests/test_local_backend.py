@@ -97,6 +97,54 @@ def test_group_shared_prompt_forward_equals_the_plain_forward_in_any_row_order(a
     assert results[(True, True)][2] < results[(False, True)][2]  # and the template prefix once for all
 
 
+def _uneven(rows, k: int = 4) -> list[dict]:
+    """``k`` task rows whose questions differ in length (the tiny task's prompts are all one length, so the left
+    padding of a batch stays empty without this)."""
+    import copy
+
+    out = []
+    for i, row in enumerate(rows[:k]):
+        row = copy.deepcopy(row)
+        row["prompt"][0]["content"] += " Think." * (3 * i)
+        out.append(row)
+    return out
+
+
+def test_group_shared_prompt_forward_equals_the_plain_forward_with_left_padded_prompts(assets):
+    """Prompts of different lengths in one batch (left padding between the template prefix and the prompt): the
+    distinct prompts are told apart by their padding too, and the padding stays masked in the shared pass."""
+    be = _backend(assets)
+    r = be.generate(_uneven(assets[2]), Sampling(n=3, max_tokens=6))
+    data = r.data
+    lens = data["prompt_mask"].sum(1)
+    assert len(set(lens.tolist())) == 4  # four prompt lengths: padding in all rows but the longest group's
+    results = {}
+    for share in (False, True):
+        logits, last, _, _, computed = prompt_forward(be.model, data["prompt_ids"], data["prompt_mask"],
+                                                      data["response_ids"], share_prefix=share, share_groups=share)
+        lp = torch.log_softmax(logits[:, last : last + data["response_ids"].shape[1]], -1)
+        results[share] = (lp.gather(-1, data["response_ids"][..., None]).squeeze(-1).detach(), computed)
+    torch.testing.assert_close(results[True][0], results[False][0], atol=2e-5, rtol=1e-5)
+    assert results[True][1] < results[False][1] / 2
+
+
+def test_the_log_prob_pass_computes_each_groups_prompt_once(assets):
+    """The backend's own pass (compute_old_log_probs -> _forward_response, shared by the update) runs with the group
+    prompt shared: the positions it computes are those of prompt_forward with share_groups, fewer than without."""
+    be = _backend(assets)
+    batch = be.generate(_uneven(assets[2], 3), Sampling(n=4, max_tokens=6))
+    data = {k: v for k, v in batch.data.items() if k not in ("gen_log_prob", "gen_entropy", "weights_tag")}
+    b = batch.take(np.arange(len(batch)), data)  # every row recomputed
+    computed0 = be._computed_tokens
+    be.compute_old_log_probs(b)
+    keep_r = int(data["response_mask"].sum(1).max())
+    args = (be.model, data["prompt_ids"], data["prompt_mask"], data["response_ids"][:, :keep_r])
+    with torch.no_grad():
+        grouped = prompt_forward(*args, share_prefix=True, share_groups=True)[4]
+        per_row = prompt_forward(*args, share_prefix=True, share_groups=False)[4]
+    assert be._computed_tokens - computed0 == grouped < per_row
+
+
 def test_generation_masks_after_eos_and_flags_truncated_responses(assets):
     be = _backend(assets)
     eos = be.tokenizer.eos_token_id

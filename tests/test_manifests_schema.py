@@ -246,7 +246,7 @@ def test_no_secret_value_reaches_any_output(monkeypatch):
         values = user_values(files)
         texts += list(helm_render(values, release=release).values())
         texts.append(helm_notes(values, release=release))
-        texts.append(render_script().to_yaml(python_objects(files, release=release)))
+        texts.append(render_script().to_yaml(render_script().render_set(name)))
     for path in (CHART_DIR.parent.parent / "k8s" / "rendered").glob("*.yaml"):
         texts.append(path.read_text())
     blob = "\n".join(texts)

@@ -263,8 +263,10 @@ def test_cli_json_and_text(capsys):
     assert "local backend (one process, no GPU plan)" in capsys.readouterr().out
 
 
-# which doc holds which generated table: the costs before booking GPUs, the shared volume's write floor
-DOCS_TABLES = {"reproduce.md": ("presets", "calibration", "epochs"), "deploy.md": ("checkpoints",)}
+# which doc holds which generated table: the costs before booking GPUs, the shared volume's write floor, the step
+# time a run's first hour should show, what a fault costs
+DOCS_TABLES = {"reproduce.md": ("presets", "calibration", "epochs"), "storage.md": ("checkpoints",),
+               "follow.md": ("steptime",), "deadlines.md": ("faults",)}
 
 
 def test_generated_tables_in_docs_are_fresh():
@@ -291,3 +293,20 @@ def test_notes_after_install_print_the_plans_steps_days_gpu_hours_and_the_papers
     assert "AIME-2024 avg@32 = 50" in notes and "near rollout step 320" in notes and "verl issue #795" in notes
     moved = helm_notes(user_values([VALUES_DIR / "full.yaml"], {"nodes": 8}))
     assert "`dapo plan --preset full --set KEY=VALUE --nodes N` gives this run's figures" in moved
+
+
+def test_a_fault_costs_the_watchdogs_budget_or_the_timeout_plus_restart_plus_half_a_checkpoint_interval():
+    from dapo.plan.faults import DAY_S, DEFAULT_PG_TIMEOUT_S
+
+    preset = load_preset("full")
+    pl = make_plan(preset)
+    f, w = pl.faults, preset.recipe.trainer.watchdog
+    since = preset.recipe.trainer.save_freq / 2 * pl.time_s["wall_per_step"]
+    gen_batch = pl.time_s["generation"] / pl.steps["gen_rounds_per_step"]
+    assert f["detect_hang_s"] == pytest.approx(max(w.floor_s, w.multiple * gen_batch))
+    assert f["lost_per_hang_s"] == pytest.approx(f["detect_hang_s"] + f["restart_s"] + since)
+    assert f["lost_per_crash_s"] == pytest.approx(DEFAULT_PG_TIMEOUT_S + f["restart_s"] + since)
+    assert f["faults_per_day"] == pytest.approx(419 / (54 * 16384) * 128)
+    assert f["effective_share"] == pytest.approx(1 - f["faults_per_day"] * f["lost_per_hang_s"] / DAY_S)
+    text = render_text(pl)
+    assert "Faults (estimate" in text and f"effective training time {f['effective_share']:.1%}" in text

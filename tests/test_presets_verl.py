@@ -74,7 +74,7 @@ COMMON_32B = {
     "trainer.resume_mode": "auto",
     "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_USE_V1": "1",
     "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
-    "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "dapo.backends.verl.loss",
+    "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "dapo.backends.verl.loss,dapo.backends.verl.worker_hooks",
     "actor_rollout_ref.actor.policy_loss.loss_mode": "dapo",
     "actor_rollout_ref.rollout.name": "vllm",
 }
@@ -173,7 +173,7 @@ def test_token_mean_scope_microbatch_selects_the_reference_loss(resolved):
 def test_runtime_env_carries_the_recipe_env_and_the_loss_module(resolved):
     env = verl_config.runtime_env(resolved["full"].cfg, environ={})["env_vars"]
     assert env["VLLM_USE_V1"] == "1" and env["TORCH_NCCL_AVOID_RECORD_STREAMS"] == "1"
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "dapo.backends.verl.loss"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "dapo.backends.verl.loss,dapo.backends.verl.worker_hooks"
 
 
 def test_runtime_env_leaves_out_what_the_ray_job_already_sets_and_refuses_a_contradiction(resolved):
@@ -300,7 +300,7 @@ def test_max_response_length_below_the_overlong_buffer_is_rejected():
 
 
 def test_unknown_preset_and_unknown_preset_key_are_rejected():
-    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+    with pytest.raises(ConfigError, match='unknown preset "nope"'):
         load_preset("nope")
     with pytest.raises(ConfigError, match=r"placement\.parallel\.ulysses"):
         load_preset("full", ["placement.parallel.ulysses=4"])

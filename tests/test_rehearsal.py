@@ -22,7 +22,7 @@ HTTPMode submission). Then:
    and handed exit code 0 to the Job's main container, whose rendered command exits with it; the token is in no file
    the run wrote.
 
-Not modelled (docs/deploy.md, "What was rehearsed"): pod recreation by Kubernetes, image pulls, NCCL, losing the head,
+Not modelled (docs/rehearsed.md): pod recreation by Kubernetes, image pulls, NCCL, losing the head,
 KubeRay's own retry controller (here the test resubmits; the head survives, where KubeRay builds a new cluster), the
 API server (the follower runs without one: it judges the end from the attempt logs and the rendered backoffLimit).
 """

@@ -21,6 +21,25 @@ from dapo.k8s.security import pod_security_profile
 from k8s_support import CHART_DIR, RWX, by_key, helm_notes, helm_objects, python_objects, rendered_pods, value_sets
 
 SETS = value_sets()
+# each setting that raises the level, alone on the defaults (in SETS they come together: hostNetwork with ipcLock in
+# the RDMA values, so one of them could stop counting unseen)
+_SIDECAR = {"name": "fabric-daemon", "image": "registry.example.com/daemon:1",
+            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}
+ONE_SETTING = [
+    ("only-hostNetwork", {**RWX, "hostNetwork": True}, "privileged"),
+    ("only-ipcLock", {**RWX, "ipcLock": True}, "privileged"),
+    ("only-hostPath-volume", {**RWX, "worker": {"extraVolumes": [{"name": "plugins", "hostPath": {"path": "/opt/x"}}]}},
+     "privileged"),
+    ("only-privileged-sidecar", {**RWX, "worker": {"sidecarContainers": [
+        {**_SIDECAR, "securityContext": {"privileged": True}}]}}, "privileged"),
+    ("only-net-admin-sidecar", {**RWX, "worker": {"sidecarContainers": [
+        {**_SIDECAR, "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]}}, "privileged"),
+    ("only-root-ray", {**RWX, "securityContext": {"runAsUser": 0, "runAsNonRoot": False}}, "baseline"),
+    ("only-root-sidecar", {**RWX, "worker": {"sidecarContainers": [
+        {**_SIDECAR, "securityContext": {"runAsUser": 0, "runAsNonRoot": False}}]}}, "baseline"),
+    ("only-fixOwnership", {**RWX, "storage": {**RWX["storage"], "fixOwnership": {"enabled": True}}}, "baseline"),
+    ("only-SidecarMode", {**RWX, "train": {"submissionMode": "SidecarMode"}}, "baseline"),
+]
 
 # -- Pod Security Standards (Kubernetes v1.30), the rules by their names in the docs --------------------------------
 
@@ -111,6 +130,15 @@ def test_every_rendered_pod_meets_the_pod_security_level_notes_names(case):
         assert not bad, bad
     else:
         assert any(baseline_violations(t["spec"]) for _, t in pods), "NOTES asks for privileged, baseline would do"
+
+
+@pytest.mark.parametrize("case", ONE_SETTING, ids=[c[0] for c in ONE_SETTING])
+def test_each_setting_that_needs_more_than_restricted_raises_the_level_on_its_own(case):
+    """One setting on the defaults: the level NOTES names (and `dapo doctor` checks) is the one the rendered pods
+    need -- the pods break the next stricter level's rules and meet this one's."""
+    name, values, want = case
+    test_every_rendered_pod_meets_the_pod_security_level_notes_names((name, values, "dapo"))
+    assert pod_security_profile(_coalesced(values))[0] == want
 
 
 def _coalesced(values):

@@ -1,4 +1,4 @@
-"""The per-cloud vendor tables of docs/deploy.md ("The fabric", one table per values/<cloud>.yaml) are the single
+"""The per-cloud vendor tables of docs/fabric.md (one table per values/<cloud>.yaml) are the single
 source of truth for what each cloud file sets: every row -- setting, value, the vendor's source with its version and
 date -- is compared here with what Helm and scripts/render.py render for the cloud's two-node check (values/smoke.yaml
 + values/smoke-2node.yaml + the cloud file), or, for the image rows, with docker/. A rendered value that drifts from
@@ -33,7 +33,7 @@ from conftest import ROOT
 from docker_stack import read_args_file
 from k8s_support import VALUES_DIR, helm_objects, python_objects, user_values
 
-DEPLOY = ROOT / "docs" / "deploy.md"
+FABRIC = ROOT / "docs" / "fabric.md"
 EFA_ARGS = ROOT / "docker" / "efa.args"
 CLOUDS = ("eks-p5", "gke-a3-mega", "gke-a3-high", "gke-a3-ultra")
 HEADER = ["setting", "value", "source (version, date)", "must / recommended", "deviation and why"]
@@ -41,13 +41,13 @@ UNSET = "(unset)"
 
 
 def vendor_tables() -> dict[str, list[dict[str, str]]]:
-    """cloud -> its table rows, from the first table after each `#### ...` heading that names `values/<cloud>.yaml`."""
+    """cloud -> its table rows, from the first table after each heading that names `values/<cloud>.yaml`."""
     tables: dict[str, list[dict[str, str]]] = {}
     cloud, rows, header = None, None, None
-    for line in DEPLOY.read_text().splitlines():
+    for line in FABRIC.read_text().splitlines():
         if line.startswith("#"):
             m = re.search(r"`values/([a-z0-9-]+)\.yaml`", line)
-            cloud = m.group(1) if line.startswith("#### ") and m else None
+            cloud = m.group(1) if m else None
             rows, header = None, None
             continue
         if cloud and line.startswith("|") and cloud not in tables or rows is not None:
@@ -57,7 +57,7 @@ def vendor_tables() -> dict[str, list[dict[str, str]]]:
             cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
             if header is None:
                 header, rows = cells, []
-                assert header == HEADER, f"docs/deploy.md, table of {cloud}: columns {header}, expected {HEADER}"
+                assert header == HEADER, f"docs/fabric.md, table of {cloud}: columns {header}, expected {HEADER}"
             elif not set(line) <= set("|-: "):
                 rows.append(dict(zip(header, cells)))
     if cloud and rows:
@@ -67,7 +67,7 @@ def vendor_tables() -> dict[str, list[dict[str, str]]]:
 
 def _code(cell: str) -> str:
     m = re.fullmatch(r"`([^`]*)`", cell.strip())
-    assert m, f"docs/deploy.md vendor table: {cell!r} must be one `code` span"
+    assert m, f"docs/fabric.md vendor table: {cell!r} must be one `code` span"
     return m.group(1).replace("\\|", "|")
 
 
@@ -162,14 +162,14 @@ class Rendered:
         if kind == "image-env":
             env = re.findall(rf"^ENV {re.escape(rest)}=(\S+)\s*$", (ROOT / "docker" / "Dockerfile").read_text(), re.M)
             return env[-1] if env else UNSET
-        raise AssertionError(f"docs/deploy.md vendor table: unknown setting {setting!r} (tests/test_vendor_tables.py)")
+        raise AssertionError(f"docs/fabric.md vendor table: unknown setting {setting!r} (tests/test_vendor_tables.py)")
 
 
 TABLES = vendor_tables()
 
 
 def test_every_cloud_file_has_its_vendor_table():
-    assert set(CLOUDS) <= set(TABLES), f"docs/deploy.md: no vendor table for {sorted(set(CLOUDS) - set(TABLES))}"
+    assert set(CLOUDS) <= set(TABLES), f"docs/fabric.md: no vendor table for {sorted(set(CLOUDS) - set(TABLES))}"
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
@@ -185,7 +185,7 @@ def test_every_row_of_the_vendor_table_is_what_helm_and_render_py_render(cloud):
         got = rendered.resolve(setting)
         if got != want:
             drift.append(f"{setting}: table {want!r}, rendered {got!r}")
-    assert not drift, f"values/{cloud}.yaml drifted from its table in docs/deploy.md:\n" + "\n".join(drift)
+    assert not drift, f"values/{cloud}.yaml drifted from its table in docs/fabric.md:\n" + "\n".join(drift)
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
@@ -211,7 +211,7 @@ def test_every_setting_of_the_cloud_file_has_a_row(cloud):
     want |= {"profile"} if (values.get("fabric") or {}).get("ncclEnvProfile") else set()
     want |= {"check"}
     missing = sorted(want - settings)
-    assert not missing, f"values/{cloud}.yaml: settings without a row in its docs/deploy.md table: {missing}"
+    assert not missing, f"values/{cloud}.yaml: settings without a row in its docs/fabric.md table: {missing}"
 
 
 def test_a_drifted_value_is_caught(monkeypatch):

@@ -9,9 +9,12 @@ backend's real calls saw.
 1. attempt 1 goes through the chart: the verl-tiny RayJob as Helm renders it, on a KubeRay-shaped Ray cluster on
    loopback (tests/kuberay_loopback.py: a head without CPUs, two CPU worker pods -- two raylets -- each declaring one
    logical GPU, the preset's placement), submitted as KubeRay submits it; the driver -- the DAPO loop -- runs on one
-   worker pod; verl's resource pool, FSDP ranks and vLLM replicas span both, as Ray's own state shows; right after
-   checkpoint ``KILL_AFTER`` is complete the OTHER worker pod is lost (SIGKILL to every process of it) and the job
-   fails;
+   worker pod; verl's resource pool, FSDP ranks and vLLM replicas span both, as Ray's own state shows. From
+   checkpoint 1 on, the FSDP rank on the OTHER worker pod runs at a third of its speed (SIGSTOP / SIGCONT, 2:1): the
+   ranks' compute probe names it and its node. Once checkpoint ``KILL_AFTER`` is complete, that rank freezes
+   (SIGSTOP) in the next update, a hung gloo rank: the watchdog ends the attempt within its budget + 60 s, naming
+   the rank's node from the stacks the others wrote; then the frozen pod is lost (SIGKILL to every process of it),
+   as KubeRay deletes a failed attempt's cluster;
 2. attempt 2 is the same command on a laptop (no cluster: the driver starts Ray itself with the preset's logical
    GPUs): it resumes from verl's checkpoint on the shared directory and ends at ``STEPS``;
 3. a local-backend run of the same recipe gives the metric keys to compare with; verl's fit() keys are a fixture
@@ -28,6 +31,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -46,7 +50,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.verl_cpu]
 STEPS = 4
 KILL_AFTER = 2  # SIGKILL attempt 1 once checkpoint 2 is complete
 NODES = 2  # worker pods of the loopback cluster, one logical GPU each (the preset's placement)
-LOST_FAILS_WITHIN_S = 120  # a lost worker pod (not the driver's) fails the job: the driver must not hang on it
+# a frozen rank (on the worker pod without the driver) ends the attempt: its update budget (verl-tiny's
+# recipe.trainer.watchdog.floor_s, 60 s: the update ran twice before), the evidence wait, then at most a minute
+FROZEN_ENDS_WITHIN_S = 60 + 10 + 60
+PG_TIMEOUT_S = 300  # verl's actor_rollout_ref.nccl_timeout, read back from every rank's process group
+SLOWDOWN = 3.0  # the slowed rank runs 1 s in SLOWDOWN (SIGCONT for 1 share, SIGSTOP for SLOWDOWN - 1)
 TEST_FREQ = 2
 PROBE = ROOT / "tests" / "verl_cpu_probe.py"
 RUN_TIMEOUT_S = 1200  # one attempt: ~4 min on an idle 2-core machine (vLLM replica start ~100 s of it)
@@ -59,6 +67,8 @@ RECIPE = [
     "recipe.rollout.val.n=1",
     "local.task.n_val=64",
     "recipe.data.gen_batch_size=18",
+    # the slowed rank is named after one step above recipe.trainer.watchdog.slow_ratio
+    "recipe.trainer.watchdog.slow_steps=1",
 ]
 # tolerance of "vLLM holds the actor's weights": |log p_actor - log p_vLLM| per sampled token, nats (both float32 on
 # the same CPU; measured here: max 2.4e-5 after a push, mean 6.4 before the first push)
@@ -115,7 +125,7 @@ def _render(root: Path) -> tuple[dict, Path, Path]:
         "storage": {"mountPath": str(shared), "hfHome": f"{shared}/hf"},
         "dataPrep": {"outDir": f"{shared}/data"},
         "train": {"presetDir": str(presets_dir), "runtimeEnv": {"WANDB_DIR": f"{shared}/wandb"}},
-        "overrides": [f"recipe.trainer.default_local_dir={run}", *RECIPE,
+        "overrides": [f"recipe.trainer.default_local_dir={run}", *RECIPE, f"actor_rollout_ref.nccl_timeout={PG_TIMEOUT_S}",
                       f"recipe.trainer.rollout_data_dir={run / 'rollouts'}"],
     })  # fmt: skip
     objects = by_key(helm_objects(values, release=release))
@@ -165,6 +175,7 @@ def _scenario(root: Path) -> dict:
         client = cluster.client()
         job_id = kuberay_job_id(rayjob)
         cluster.submit(job_id)
+        slow = None
         while not _complete(run, KILL_AFTER):
             status = str(client.get_job_status(job_id).value) if job_id in {
                 j.submission_id for j in client.list_jobs()} else "PENDING"
@@ -172,16 +183,23 @@ def _scenario(root: Path) -> dict:
                 log = run / "logs" / "attempt-1.log"
                 pytest.fail(f"attempt 1 {status} before checkpoint {KILL_AFTER}: {client.get_job_info(job_id).message}"
                             f"\n{log.read_text()[-6000:] if log.exists() else ''}")
+            if slow is None and _complete(run, 1):  # from step 2 on, the other pod's rank at a third of its speed
+                slow = _Slowdown(_other_rank_pid(cluster, client.get_job_info(job_id).driver_node_id))
             time.sleep(0.05)
         placement = _placement(cluster)
         driver = client.get_job_info(job_id).driver_node_id
         assert driver in {w.node_id for w in workers}, "the driver (the DAPO loop) runs on a worker pod"
         (lost,) = [w for w in workers if w.node_id != driver]
-        lost.lose()  # SIGKILL: verl's rank and vLLM replica there go with their pod; the driver's pod stays
-        t_lost = time.monotonic()
-        assert _wait_status(client, job_id, TERMINAL, LOST_FAILS_WITHIN_S) == "FAILED"
-        placement.update(driver=driver, lost=lost.node_id, failed_after_s=time.monotonic() - t_lost,
-                         message=client.get_job_info(job_id).message or "")
+        assert slow is not None and slow.pid == _other_rank_pid(cluster, driver)
+        slow.stop()
+        # the rank freezes in step KILL_AFTER + 1's update: a gloo collective that never returns on the other rank
+        _wait_phase(run, "update_actor", KILL_AFTER, RUN_TIMEOUT_S)
+        os.kill(slow.pid, signal.SIGSTOP)
+        t_frozen = time.monotonic()
+        assert _wait_status(client, job_id, TERMINAL, FROZEN_ENDS_WITHIN_S + 30) == "FAILED"
+        placement.update(driver=driver, lost=lost.node_id, lost_pod=lost.name, frozen_pid=slow.pid,
+                         failed_after_s=time.monotonic() - t_frozen, message=client.get_job_info(job_id).message or "")
+        lost.lose()  # the frozen pod goes, as KubeRay deletes a failed attempt's cluster
         timing["attempt_1_s"] = time.monotonic() - t0
     finally:
         cluster.close()
@@ -201,6 +219,56 @@ def _scenario(root: Path) -> dict:
     print(f"verl-tiny on CPU: {timing}")
     return {"py": py, "base": root, "run": run, "record": record, "snapshot": snapshot, "env": env2,
             "placement": placement}
+
+
+def _other_rank_pid(cluster, driver_node: str) -> int:
+    """The pid of verl's FSDP rank (its WorkerDict actor) on the worker pod without the driver."""
+    actors = cluster.state("ACTORS", [("state", "=", "ALIVE")])
+    (pid,) = [a.pid for a in actors if (a.class_name or "").endswith("WorkerDict") and a.node_id != driver_node]
+    return int(pid)
+
+
+def _wait_phase(run: Path, phase: str, step: int, timeout: float) -> None:
+    """Until the loop's progress record says ``phase`` after ``step`` completed steps (dapo.train.attempts)."""
+    from dapo.train.attempts import read_progress
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec = read_progress(run) or {}
+        if rec.get("phase") == phase and rec.get("step") == step:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"the loop never reached {phase} after step {step}: {read_progress(run)}")
+
+
+class _Slowdown:
+    """A process run at 1/SLOWDOWN of its speed: SIGSTOP and SIGCONT in turn from a thread (a GPU gone slow)."""
+
+    def __init__(self, pid: int, period: float = 0.03):
+        import threading
+
+        self.pid, self.period, self.done = pid, period, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.done.is_set():
+                os.kill(self.pid, signal.SIGCONT)
+                time.sleep(self.period)
+                os.kill(self.pid, signal.SIGSTOP)
+                time.sleep(self.period * (SLOWDOWN - 1))
+        except ProcessLookupError:
+            pass
+        finally:
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=10)
 
 
 def _placement(cluster) -> dict:
@@ -486,8 +554,7 @@ def test_ranks_replicas_and_the_resource_pool_span_both_worker_pods(scenario):
     """Attempt 1 on two worker pods of one logical GPU each, as Ray's own state showed it at checkpoint KILL_AFTER:
     verl's resource pool is one placement group per pod (the pool spans both raylets), FSDP ranks 0 and 1 sit on
     different pods, vLLM replica r on rank r's pod (verl's hybrid colocation), every checkpoint of attempt 1 has one
-    shard per rank -- each written by its rank, so by a process of each pod -- and losing the pod without the driver
-    fails the job promptly (the driver does not hang on a dead rank)."""
+    shard per rank -- each written by its rank, so by a process of each pod."""
     pl, snapshot = scenario["placement"], scenario["snapshot"]
     workers = set(pl["workers"])
     assert len(workers) == NODES, pl
@@ -503,7 +570,65 @@ def test_ranks_replicas_and_the_resource_pool_span_both_worker_pods(scenario):
     replicas = {r: pod[n] for r, n in pl["replicas"].items()}
     print(f"placement from Ray's state: pool {[[pod[n] for n in b] for b in pl['pool'].values()]}, ranks {ranks}, "
           f"replicas {replicas}, driver on {pod[pl['driver']]}, lost {pod[pl['lost']]}")
-    print(f"lost worker pod (not the driver's): job FAILED {pl['failed_after_s']:.1f} s later: {pl['message'][:300]}")
+    print(f"frozen rank on the worker pod without the driver: job FAILED {pl['failed_after_s']:.1f} s later: "
+          f"{pl['message'][:300]}")
+
+
+def _frozen_rank(pl: dict) -> int:
+    (rank,) = [r for r, node in pl["ranks"].items() if node == pl["lost"]]
+    return rank
+
+
+def test_a_frozen_gloo_rank_ends_the_attempt_within_its_budget_naming_its_node(scenario):
+    """The rank on the other pod froze in step KILL_AFTER + 1's update (its peer waits in a gloo collective that
+    never returns): the driver's watchdog ended the attempt (exit 6) within the phase's budget + 60 s; the attempt's
+    evidence holds the driver's stacks naming the phase, the peer's stacks inside the update with its flight-recorder
+    record, and the end record names the frozen rank's Kubernetes node -- the one the follower leaves out next."""
+    from dapo.train import attempts
+
+    pl, run = scenario["placement"], scenario["run"]
+    frozen = _frozen_rank(pl)
+    node = f"node-{pl['lost_pod']}"  # the downward API's spec.nodeName of that pod, as the loopback's kubelet sets it
+    end = attempts.read_end(run / "logs", 1)
+    assert end["cause"] == "stalled" and end["exit_code"] == attempts.EXIT_STALLED and not end["final"], end
+    assert end["phase"] == "update_actor" and end["step"] == KILL_AFTER + 1, end
+    assert end["elapsed_s"] <= end["budget_s"] + 60 and pl["failed_after_s"] <= FROZEN_ENDS_WITHIN_S, (end, pl)
+    named = {n["rank"]: n for n in end["nodes"]}
+    assert named[frozen]["node"] == node and "wrote no stacks" in named[frozen]["why"], end["nodes"]
+    assert "exit code 6" in pl["message"], pl["message"]
+    evidence = Path(end["evidence"])
+    driver = (evidence / "stacks-driver.txt").read_text()
+    assert f"phase update_actor of step {KILL_AFTER + 1}" in driver and "update_actor" in driver
+    (peer,) = evidence.glob(f"stacks-rank{1 - frozen}-*.txt")
+    peer_stacks = peer.read_text()
+    assert "update_actor" in peer_stacks.splitlines()[1], peer_stacks[:500]  # Ray's title: the method it runs
+    assert list(evidence.glob(f"flight-recorder-rank{1 - frozen}-*.json")), sorted(p.name for p in evidence.iterdir())
+    log = (run / "logs" / "attempt-1.log").read_text()
+    assert "WATCHDOG: phase update_actor" in log and "dapo: exit code 6 | log" in log
+    print(f"frozen rank {frozen}: attempt ended {pl['failed_after_s']:.0f} s later (budget {end['budget_s']:.0f} s); "
+          f"evidence {sorted(p.name for p in evidence.iterdir())}")
+
+
+def test_a_rank_at_a_third_of_its_speed_is_named_with_its_node(scenario, metrics):
+    pl, run = scenario["placement"], scenario["run"]
+    slowed = _frozen_rank(pl)
+    by_step = {m["step"]: m for m in metrics}
+    m = by_step[KILL_AFTER]  # the step the slowdown covered (from checkpoint 1 to checkpoint KILL_AFTER)
+    print(f"compute probe, step {KILL_AFTER}: rank {m['ranks/probe_slowest_rank']:.0f} at "
+          f"{m['ranks/probe_max_over_median']:.2f}x the other")
+    assert m["ranks/probe_slowest_rank"] == slowed
+    assert 2.0 <= m["ranks/probe_max_over_median"] <= 5.0, m["ranks/probe_max_over_median"]
+    log = (run / "logs" / "attempt-1.log").read_text()
+    assert f"SLOW NODE: slow rank {slowed} on node node-{pl['lost_pod']}" in log
+    end_nodes = __import__("dapo.train.attempts", fromlist=["read_end"]).read_end(run / "logs", 1)["nodes"]
+    assert any(n["rank"] == slowed and n["why"].startswith("slow rank") for n in end_nodes), end_nodes
+
+
+def test_every_ranks_process_group_has_verls_nccl_timeout(metrics):
+    """actor_rollout_ref.nccl_timeout (verl's key, which verl 0.9.1 itself never reads) is the timeout of every FSDP
+    rank's process group, read back from the group in each rank (torch's gloo default would be 1800 s)."""
+    steps = [m for m in metrics if m["step"] >= 1]
+    assert steps and all(m["ranks/pg_timeout_s"] == PG_TIMEOUT_S and m["ranks/answered"] == NODES for m in steps)
 
 
 def test_kill_9_after_a_checkpoint_resumes_from_verls_checkpoint(scenario):

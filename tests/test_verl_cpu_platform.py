@@ -129,7 +129,7 @@ def test_cpu_preset_writes_the_platform_into_every_process_env_and_the_vllm_exte
     table = {s.key: s for s in settings.settings(preset)}
     env = {k.rsplit(".", 1)[1]: s.value for k, s in table.items() if k.startswith("ray_kwargs.ray_init.runtime_env.")}
     assert env["VERL_PLATFORM"] == plugin.PLATFORM_NAME
-    assert env["VERL_USE_EXTERNAL_MODULES"] == settings.LOSS_MODULE
+    assert env["VERL_USE_EXTERNAL_MODULES"] == f"{settings.LOSS_MODULE},{settings.HOOKS_MODULE}"
     assert table["actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls"].value == (
         "dapo.backends.verl.cpu.vllm_worker.CPUReloadWorkerExtension")
     assert table["ray_kwargs.ray_init.num_gpus"].value == 2

@@ -142,5 +142,23 @@ class Backend(abc.ABC):
         its ``DataProto`` (:mod:`dapo.backends.verl.fit_metrics`)."""
         return {}
 
+    def rank_metrics(self, step: int) -> dict[str, float]:
+        """Per-rank metrics of the finished step (``ranks/*``: the slowest rank over the median); {} with one rank."""
+        return {}
+
+    def suspect_nodes(self) -> list[dict[str, Any]]:
+        """Nodes the backend saw misbehave without failing (a rank persistently slow), for the attempt's end record."""
+        return []
+
+    def weights_finite(self) -> Optional[bool]:
+        """Whether every weight of the policy is finite (checked before a checkpoint is written and after one is
+        loaded); None when the backend cannot tell cheaply."""
+        return None
+
+    def checkpoint_bytes(self) -> Optional[int]:
+        """About how many bytes one checkpoint takes, before the first one exists (later ones are sized by the
+        newest on disk); None when unknown."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (Ray actors, GPU memory)."""

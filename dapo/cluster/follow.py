@@ -300,7 +300,7 @@ class Follower:
             n = self._next_attempt(self._last_done())
             if n is not None:
                 if self.waits is not None:
-                    self.waits.disruptions = []  # this attempt's
+                    self.waits.new_attempt()  # its disruptions are its own
                 self._start(n)
         n = self.state["attempt"]
         if n is not None:

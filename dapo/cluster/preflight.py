@@ -1,6 +1,6 @@
 """The preflight's checks: what must hold before any RayJob holds a GPU, each with a short deadline and a message that
 names the cause and the fix. The chart runs them in one pod of its ``<release>-preflight`` Job (a Helm pre-install
-hook, docs/deploy.md "Preflight"), on a node of the GPU pool, in the training image, as the image's user:
+hook, docs/chart.md#the-preflight), on a node of the GPU pool, in the training image, as the image's user:
 
     python -m dapo.cluster.preflight storage --dir /shared --uid 1000 --gid 100 --write-bytes 4294967296 \\
         --streams 128 --min-bytes-per-second 730117853 --checkpoint-bytes 393166516224 --seconds-between-saves 4846

@@ -158,7 +158,7 @@ class RayJobApi:
                 return None
             if exc.code in (401, 403):
                 raise ApiUnavailable(f"HTTP {exc.code} for {method} {url}: the service account may not {what} "
-                                     "(logs.rbac.create, docs/deploy.md)") from None
+                                     "(logs.rbac.create, docs/follow.md)") from None
             raise OSError(f"HTTP {exc.code} for {method} {url}") from None
         except ValueError as exc:  # not JSON
             raise OSError(f"{method} {url}: unreadable answer ({exc})") from None

@@ -67,7 +67,7 @@ class StartGuard:
         for cause in causes[:12]:
             say(f"cause: {cause}")
         say("next: fix the cause (free or add GPU nodes, the image, the claim; dapo doctor names what is missing), "
-            "then run the same `helm upgrade --install` again; or queue the run with Kueue (docs/deploy.md)")
+            "then run the same `helm upgrade --install` again; or queue the run with Kueue (docs/deadlines.md)")
         return STOPPED
 
     def run(self) -> int:

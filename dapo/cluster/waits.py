@@ -37,8 +37,10 @@ too; digests are shortened. One cause over many pods is one line: ``16 worker po
 and numbers in it do not make it new (``0/18`` -> ``0/20`` nodes is the same cause). :meth:`Waits.poll` returns the
 new lines and keeps the current set (:attr:`Waits.current`), which the follower names when the run fails; with
 ``running=True`` (a driver runs) only disruptions are news -- a lost node, an OOM-killed, evicted or preempted
-worker, a restart -- and :attr:`Waits.disruptions` keeps them for the run's last line. Without the permission to
-list pods or events it says so once and stops asking.
+worker, a restart -- and :attr:`Waits.disruptions` keeps them for the run's last line. Disruptions are an
+attempt's own: :meth:`Waits.new_attempt` (a retry's driver starts, on a new RayCluster) forgets the last attempt's, so
+the same cause in the next attempt is news again and an earlier attempt's cause is never named as a later one's.
+Without the permission to list pods or events it says so once and stops asking.
 
 Sources of the reason strings: cluster-autoscaler 1.36.1 ``processors/status/eventing_scale_up_processor.go`` and
 ``core/scaleup/orchestrator/skippedreasons.go`` (``max node group size reached``); Karpenter v1.14.1
@@ -238,8 +240,15 @@ class Waits:
         self.printed: set[str] = set()
         self.current: list[str] = []
         self.disruptions: list[str] = []
+        self.printed_running: set[str] = set()  # the shapes printed while this attempt's driver runs
         self.disabled = False
         self.last: Optional[tuple[list[dict], list[dict]]] = None  # (pods, events) of the last read
+
+    def new_attempt(self) -> None:
+        """A new attempt's driver starts: the last attempt's disruptions are forgotten (module doc)."""
+        self.disruptions = []
+        self.printed -= self.printed_running
+        self.printed_running = set()
 
     def read(self) -> tuple[list[dict], list[dict]]:
         pods = self.api.list_json("pods", "labelSelector=" + urllib.parse.quote(self.selector))
@@ -296,4 +305,5 @@ class Waits:
         self.printed.update(k for k, _ in new)
         if running:
             self.disruptions += [line for _, line in new]
+            self.printed_running.update(k for k, _ in new)
         return [line for _, line in new], None

@@ -1,16 +1,12 @@
-"""Loading a preset: YAML files that ``extends:`` one another, a deep merge, ``key.path=value`` overrides, and strict
-validation into the :mod:`dapo.config.schema` dataclasses.
-
-A preset is a YAML file (``dapo/presets/NAME.yaml``) that may ``extends:`` another one (a file name without
-extension, resolved in the same directory; underscore-prefixed files are shared bases, not runnable presets).
+"""Loading a preset strictly: the merged chain and its overrides (:mod:`dapo.config.chain`) validated into the
+:mod:`dapo.config.schema` dataclasses, each error naming the key and the file that wrote it.
 
 Strictness: every mapping is checked against the dataclass it fills -- by pydantic in strict mode, the dataclasses
 staying plain ``dataclasses`` -- and an unknown key is a :class:`~dapo.config.schema.ConfigError` that names the full
-dotted path and the file it came from, with a close-match suggestion. Types are checked too (``int`` where an
-``int`` is expected, no silent string -> number conversion; ``--set`` overrides are parsed as YAML scalars, and
-YAML 1.2 floats such as ``1e-6`` are numbers). ``extends:``, the deep merge and the overrides stay here: a few dozen
-lines on plain mappings (OmegaConf would also do them, but it cannot hold ``Literal`` fields and would resolve the
-``${...}`` placeholders that are meant for verl).
+dotted path and the file it came from (the preset, a file it extends, or an override), with a close-match
+suggestion. Types are checked too (``int`` where an ``int`` is expected, no silent string -> number conversion).
+The merge stays on plain mappings (OmegaConf would also do it, but it cannot hold ``Literal`` fields and would resolve
+the ``${...}`` placeholders that are meant for verl).
 """
 
 from __future__ import annotations
@@ -19,46 +15,24 @@ import copy
 import dataclasses
 import difflib
 import functools
-import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
-import yaml
-
+from dapo.config.chain import (
+    apply_overrides,
+    chain_docs,
+    merge_docs,
+    merged_preset,
+    preset_path,
+)
 from dapo.config.rules import validate
 from dapo.config.schema import ConfigError, PlacementConfig, Preset
-
-PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
 
 # --------------------------------------------------------------------------------------------------------------------
 # Strict dataclass loading: pydantic validates (types, unknown keys); this module words the errors
 # --------------------------------------------------------------------------------------------------------------------
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2 floats: ``1e-6`` is a number (YAML 1.1 reads exponents without a dot as
-    strings; Helm's YAML reader and OmegaConf read them as numbers)."""
-
-
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+][0-9]+)?
-        |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 -- a SafeLoader subclass
 
 
 def _set_strict(schema: Any, strict: bool) -> None:
@@ -177,117 +151,18 @@ def from_dict(cls: type, data: dict[str, Any], *, source: str | Callable[[tuple]
         raise ConfigError("\n".join(lines)) from None
 
 
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Recursive merge: mappings merge, everything else (lists included) is replaced by ``over``."""
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``a.b.c=VALUE`` -> (["a","b","c"], yaml-parsed VALUE)."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} is not of the form key.path=value")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key or any(not p for p in key.split(".")):
-        raise ConfigError(f"override {text!r}: empty key")
-    try:
-        value = _yaml_load(raw) if raw.strip() != "" else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc})") from exc
-    return key.split("."), value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """Apply ``key.path=value`` overrides to a raw preset mapping (validated later by :func:`from_dict`)."""
-    out = copy.deepcopy(data)
-    for text in overrides:
-        parts, value = parse_override(text)
-        node = out
-        for part in parts[:-1]:
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"override {text!r}: '{part}' is not a mapping")
-            node = nxt
-        node[parts[-1]] = value
-    return out
-
-
-# the top-level keys of a preset: an override under one of them addresses the preset, any other goes to verl
-PRESET_ROOTS = ("recipe", "placement", "local", "name", "description", "target_aime")
-
-
-def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
-    """Split positional ``key=value`` items into (preset overrides, verl Hydra overrides)."""
-    ours, verl = [], []
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
-        root = item.split("=", 1)[0].lstrip("+~").split(".", 1)[0]
-        (ours if root in PRESET_ROOTS else verl).append(item)
-    return ours, verl
-
-
-def preset_path(name: str) -> Path:
-    """Resolve a preset name (``full``) or a path to a YAML file."""
-    p = Path(name)
-    if p.suffix in (".yaml", ".yml") and p.exists():
-        return p
-    candidate = PRESET_DIR / f"{name}.yaml"
-    if candidate.exists() and not name.startswith("_"):
-        return candidate
-    raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())} (or a path to a YAML file)")
-
-
-def list_presets() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml") if not p.stem.startswith("_"))
-
-
-def _load_raw(path: Path, seen: tuple[Path, ...] = (), docs: Optional[list] = None) -> dict[str, Any]:
-    """The merged mapping of ``path`` and what it ``extends``; ``docs`` (when given) receives ``(file, mapping)`` of
-    each file, the preset first."""
-    if path in seen:
-        raise ConfigError(f"{path}: circular 'extends' chain {' -> '.join(str(s) for s in seen + (path,))}")
-    try:
-        data = _yaml_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    parent = data.pop("extends", None)
-    if docs is not None:
-        docs.append((path, copy.deepcopy(data)))
-    if parent is None:
-        return data
-    if not isinstance(parent, str):
-        raise ConfigError(f"{path}: 'extends' must be a preset file name, got {parent!r}")
-    parent_path = path.parent / f"{parent}.yaml"
-    if not parent_path.exists():
-        raise ConfigError(f"{path}: 'extends: {parent}' names no file {parent_path}")
-    # the shared base must itself be a valid (strict) preset fragment
-    return deep_merge(_load_raw(parent_path, seen + (path,), docs), data)
-
-
 def load_raw_preset(name: str) -> dict[str, Any]:
-    """The merged (``extends`` resolved) mapping of a preset, before validation."""
-    path = preset_path(name)
-    data = _load_raw(path)
-    data.setdefault("name", path.stem)
+    """The merged (``extends`` resolved) mapping of a preset, before validation, named after its file by default."""
+    data = merged_preset(name)
+    data.setdefault("name", preset_path(name).stem)
     return data
 
 
 def load_preset(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Preset:
     """Load, merge, override and validate a preset. Raises :class:`ConfigError` naming the offending key."""
     path = preset_path(name)
-    docs: list[tuple[Path, dict[str, Any]]] = []
-    raw = _load_raw(path, docs=docs)
+    docs = chain_docs(name)
+    raw = merge_docs(docs)
     raw.setdefault("name", path.stem)
     raw = apply_overrides(raw, overrides)
     preset = from_dict(Preset, raw, source=lambda loc: _origin(loc, path, docs, overrides))

@@ -121,7 +121,7 @@ def _check_sampling_optimizer_placement(preset: Preset) -> None:
 
 
 def _check_health(preset: Preset) -> None:
-    """The health guards' thresholds."""
+    """The health guards' thresholds and the watchdog's budgets."""
     r = preset.recipe
     bad = partial(_bad, preset)
     h = r.trainer.health
@@ -131,6 +131,20 @@ def _check_health(preset: Preset) -> None:
         bad("recipe.trainer.health.clip_ratio_max", f"must be in [0, 1], got {h.clip_ratio_max}")
     if h.starving_gen_batches < 1:
         bad("recipe.trainer.health.starving_gen_batches", f"must be >= 1, got {h.starving_gen_batches}")
+    w = r.trainer.watchdog
+    for key in ("startup_s", "first_s", "floor_s", "save_s", "poll_s", "evidence_wait_s"):
+        if not getattr(w, key) > 0:
+            bad(f"recipe.trainer.watchdog.{key}", f"must be > 0 seconds, got {getattr(w, key)}")
+    if w.multiple < 1.5:
+        bad("recipe.trainer.watchdog.multiple", f"must be >= 1.5 (a step at twice its usual time must not end the "
+            f"attempt: 3 is the default), got {w.multiple}")
+    if w.window < 1 or w.slow_steps < 1:
+        bad("recipe.trainer.watchdog.window" if w.window < 1 else "recipe.trainer.watchdog.slow_steps",
+            f"must be >= 1, got {w.window if w.window < 1 else w.slow_steps}")
+    if w.slow_ratio <= 1:
+        bad("recipe.trainer.watchdog.slow_ratio", f"must be > 1, got {w.slow_ratio}")
+    if w.poll_s > w.floor_s / 2:
+        bad("recipe.trainer.watchdog.poll_s", f"must be at most half of floor_s ({w.floor_s}), got {w.poll_s}")
 
 
 def _check_local(preset: Preset) -> None:

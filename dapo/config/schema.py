@@ -172,6 +172,33 @@ class HealthConfig:
 
 
 @dataclass
+class WatchdogConfig:
+    """The progress watchdog (:mod:`dapo.train.watchdog`): an attempt whose phase (start-up, a generation batch,
+    log-probs, the update, a save, a validation) runs past its budget is ended (exit code 6) after its stacks are
+    saved, and the next attempt resumes from the newest checkpoint. The defaults fit the 32B presets on 16 x 8 H100."""
+
+    enable: bool = True
+    # From the attempt's start to its first training phase: Ray, the worker groups, model load, vLLM engine start.
+    startup_s: float = 3600.0
+    # The first time a phase runs in an attempt (warm-up, compilation, the first checkpoint): its budget is at least
+    # this.
+    first_s: float = 3600.0
+    # A phase that ran before: max(floor_s, multiple x the longest of its last `window` times).
+    floor_s: float = 900.0
+    multiple: float = 3.0
+    window: int = 5
+    # A checkpoint save: at least this (a 32B checkpoint is ~0.45 TB; the volume's write speed decides).
+    save_s: float = 3600.0
+    # How often the watchdog looks (and refreshes progress.json's heartbeat, which the log follower watches).
+    poll_s: float = 5.0
+    # How long it waits for the workers' stacks before it ends the attempt.
+    evidence_wait_s: float = 20.0
+    # A rank whose compute probe takes more than slow_ratio x the median for slow_steps steps in a row is named.
+    slow_ratio: float = 1.5
+    slow_steps: int = 3
+
+
+@dataclass
 class TrainerConfig:
     total_epochs: int = 1
     # Rollout steps; null = derived from epochs and data size.
@@ -196,6 +223,8 @@ class TrainerConfig:
     log_val_generations: int = 0
     # Health guards (entropy collapse, sampler starvation, responses piling up at the length cap).
     health: HealthConfig = field(default_factory=HealthConfig)
+    # The progress watchdog: budgets per phase, after which an attempt that stopped progressing is ended.
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
 
 @dataclass

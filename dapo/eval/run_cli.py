@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,22 +25,10 @@ DAPO_MAX_TOKENS = 20480
 DAPO_MAX_PROMPT = 2048
 
 
-def _resolve_interpolation(value: str, trainer: Any) -> str:
-    """``${trainer.project_name}`` style references (verl's Hydra syntax in the presets) -> values."""
-
-    def sub(m: re.Match) -> str:
-        section, _, key = m.group(1).partition(".")
-        if section != "trainer" or not hasattr(trainer, key):
-            raise ValueError(f"cannot resolve ${{{m.group(1)}}} in {value!r}")
-        return str(getattr(trainer, key))
-
-    return re.sub(r"\$\{([^}]+)\}", sub, value)
-
-
 def preset_defaults(name: str) -> dict[str, Any]:
     """Evaluation defaults from a preset (the single source of truth): validation sampling, answer budget, engine
     TP, checkpoint directory and the validation file."""
-    from dapo.config import load_preset
+    from dapo.config import load_preset, run_dir
 
     p = load_preset(name)
     r = p.recipe
@@ -51,7 +38,7 @@ def preset_defaults(name: str) -> dict[str, Any]:
         "max_tokens": r.data.max_response_length,
         "max_model_len": r.data.max_prompt_length + r.data.max_response_length,
         "tensor_parallel_size": p.placement.parallel.rollout_tp,
-        "checkpoint_dir": _resolve_interpolation(r.trainer.default_local_dir, r.trainer),
+        "checkpoint_dir": run_dir(p),
     }
     if r.data.val_files:
         out["test_file"] = r.data.val_files[0]

@@ -1,6 +1,9 @@
-"""Kubernetes manifests for DAPO runs as pure functions (values + preset -> objects), the Python twin of the Helm
-chart ``charts/dapo``. ``scripts/render.py`` is the command line; tests check both produce the same objects.
+"""The Helm chart ``charts/dapo`` from Python, and what is checked against the cluster before it is installed.
 
+- :mod:`dapo.k8s.helm`: the chart through Helm's own code in-process (the Helm SDK): ``-f``/``--set``/``--set-string``/
+  ``--set-json``/``--set-file`` read as Helm reads them, the objects rendered by Helm's engine. ``scripts/render.py``
+  and ``dapo doctor`` render with it; the modules below that build objects are a Python twin the tests still compare
+  with Helm.
 - :mod:`dapo.k8s.versions`: the pinned image / Ray / KubeRay versions.
 - :mod:`dapo.k8s.presets`: the preset files the chart mounts, and what the chart reads from them.
 - :mod:`dapo.k8s.values`: Helm-style value merging, the values schema, the chart's cross-field rules.
@@ -30,7 +33,6 @@ chart ``charts/dapo``. ``scripts/render.py`` is the command line; tests check bo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -38,29 +40,19 @@ import yaml
 
 from dapo.k8s.manifests import HELM_ONLY_LABELS, Chart, build
 from dapo.k8s.presets import ValuesError
-from dapo.k8s.values import coalesce, parse_set, validate_schema
 
 
 def load_values(chart_dir: Path, value_files: Iterable[Path] = (), sets: Iterable[str] = (),
                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The chart's defaults coalesced with value files, ``--set`` items and ``extra`` (in that order), checked
-    against ``values.schema.json`` -- what ``helm install -f ... --set ...`` would use."""
-    defaults = yaml.safe_load((chart_dir / "values.yaml").read_text()) or {}
-    layers: list[dict[str, Any]] = []
-    for f in value_files:
-        try:
-            data = yaml.safe_load(Path(f).read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ValuesError(f"{f}: not valid YAML ({exc})") from exc
-        if not isinstance(data, dict):
-            raise ValuesError(f"{f}: expected a mapping at the top level")
-        layers.append(data)
-    layers += [parse_set(s) for s in sets]
+    """``.Values`` as the templates see it for ``helm template -f <value_files> --set <sets>`` with ``extra`` merged
+    over them: read, coalesced with the chart's defaults and checked against values.schema.json by Helm's own code
+    (:mod:`dapo.k8s.helm`)."""
+    from dapo.k8s import helm
+
+    user = helm.user_values(helm.ValueOptions(files=[str(f) for f in value_files], set=list(sets)))
     if extra:
-        layers.append(extra)
-    values = coalesce(defaults, *layers)
-    validate_schema(values, json.loads((chart_dir / "values.schema.json").read_text()))
-    return values
+        user = helm.merge_maps(user, extra)
+    return helm.coalesced(chart_dir, user)
 
 
 def validate_preset(values: dict[str, Any]) -> None:

@@ -102,7 +102,7 @@ def gpu_nodes(d: Doctor) -> list[Row]:
     room, how = _headroom(d, spec)
     found += f"; can be added: {how}"
     fix = ("free or add GPU nodes (worker.nodeSelector / tolerations must reach them), or queue the run with Kueue "
-           "(queue.scheduler: kueue, docs/deploy.md): it waits for the GPUs instead of holding some of them idle")
+           "(queue.scheduler: kueue, docs/deploy.md#4-kueue-gang-admission-for-the-multi-node-runs): it waits for the GPUs instead of holding some of them idle")
     if room is None:
         return [Row("gpu nodes", WARN, found, needed, fix)]
     return [Row("gpu nodes", WARN if p["fit"] + room >= workers else FAIL, found, needed, fix)]
@@ -117,7 +117,7 @@ def head_node(d: Doctor) -> list[Row]:
     if p["fit"] >= 1:
         return [Row("head node", OK, found, needed)]
     return [Row("head node", FAIL, found, needed, "head.nodeSelector / head.tolerations to a node with room, or "
-                "lower head.resources (docs/deploy.md, Preflight)")]
+                "lower head.resources (docs/chart.md#values-to-set-for-your-cluster)")]
 
 
 def fabric(d: Doctor) -> list[Row]:
@@ -172,7 +172,7 @@ def storage(d: Doctor) -> list[Row]:
     if sc is None:
         have = ", ".join(sorted(c["metadata"]["name"] for c in classes)) or "none"
         return [Row("storage", FAIL, f"no StorageClass {name or '(default)'}; classes: {have}", needed,
-                    "storage.storageClassName: one of a ReadWriteMany driver (docs/deploy.md, storage)")]
+                    "storage.storageClassName: one of a ReadWriteMany driver (docs/storage.md)")]
     prov = sc.get("provisioner", "")
     found = f"{sc['metadata']['name']}: provisioner {prov}"
     if prov in RWX_PROVISIONERS:
@@ -233,13 +233,13 @@ def kueue(d: Doctor) -> list[Row]:
         if d.worker_count() > 1:
             return [Row("kueue", WARN, "no queue (queue.scheduler empty)", f"gang admission of {total} GPUs",
                         "queue.scheduler: kueue, queue.name: <LocalQueue> (k8s/kueue.yaml): without it a partial "
-                        "schedule holds GPUs idle (docs/deploy.md, Deadlines)")]
+                        "schedule holds GPUs idle (docs/deadlines.md)")]
         return []
     needed = f"LocalQueue {q['name']} in {d.ns} whose ClusterQueue has >= {total} nvidia.com/gpu"
     absent = [c for c in ("localqueues", "clusterqueues", "workloads") if d.c.get(f"{CRDS}/{c}.kueue.x-k8s.io") is None]
     if absent:
         return [Row("kueue", FAIL, f"Kueue's CRDs missing: {', '.join(absent)}", needed,
-                    "helm upgrade --install kueue oci://registry.k8s.io/kueue/charts/kueue (docs/deploy.md)")]
+                    "helm upgrade --install kueue oci://registry.k8s.io/kueue/charts/kueue (docs/deploy.md#4-kueue-gang-admission-for-the-multi-node-runs)")]
     lq = _kueue(d, "localqueues", q["name"], d.ns)
     if lq is None:
         return [Row("kueue", FAIL, f"no LocalQueue {q['name']} in {d.ns}", needed, "kubectl apply -f k8s/kueue.yaml")]

@@ -3,8 +3,9 @@ values describe, before anything is installed.
 
     dapo doctor -n dapo -f values/full.yaml --set storage.storageClassName=fsx-lustre --set image.repository=...
 
-``-f`` / ``--set`` are those of ``helm upgrade --install`` and ``scripts/render.py`` (the same values loading,
-:func:`dapo.k8s.load_values`); the cluster is the kubeconfig's (``--kubeconfig``, ``--context``). Prints one table and
+``-f`` / ``--set`` / ``--set-string`` / ``--set-json`` / ``--set-file`` are those of ``helm upgrade --install`` and
+``scripts/render.py``: the values are read and the objects rendered by Helm's own code (:mod:`dapo.k8s.helm`), and the
+preset is loaded strictly with its overrides (which Helm cannot do); the cluster is the kubeconfig's (``--kubeconfig``, ``--context``). Prints one table and
 exits 1 when a check failed (the run cannot start as installed), 2 when the values are refused or the API server
 cannot be reached, 0 otherwise.
 """
@@ -22,12 +23,12 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "dapo"
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dapo doctor", description="Whether this cluster can run the release these "
-                                 "values describe, checked before anything is installed (docs/deploy.md): one table; "
+                                 "values describe, checked before anything is installed (docs/chart.md#dapo-doctor): one table; "
                                  "exit 1 when the run cannot start, 2 when the values are refused or the API server "
                                  "cannot be reached.")
-    ap.add_argument("-f", "--values", action="append", default=[], type=Path, metavar="FILE",
-                    help="values file, as helm -f (repeatable)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="chart value, as helm --set")
+    from dapo.k8s.helm import add_value_flags
+
+    add_value_flags(ap)
     ap.add_argument("-n", "--namespace", default=None, help="the release's namespace (default: the kubeconfig's)")
     ap.add_argument("--release", default="dapo", help="the release name (default: dapo)")
     ap.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
@@ -39,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     from dapo.config import ConfigError
-    from dapo.k8s import ValuesError, load_values, render_objects
+    from dapo.k8s import ValuesError, validate_preset
+    from dapo.k8s import helm
     from dapo.k8s.doctor import CannotRead, Cluster, Doctor, exit_code, table
     from dapo.k8s.doctor_checks import run
 
@@ -51,8 +53,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     namespace = args.namespace or cluster.namespace
     try:
-        values = load_values(args.chart, args.values, args.set)
-        objects = render_objects(args.chart, args.values, args.set, release=args.release, namespace=namespace)
+        user = helm.user_values(helm.options_from(args))
+        values = helm.coalesced(args.chart, user)
+        objects = [m.obj for m in helm.render(args.chart, user, release=args.release, namespace=namespace)
+                   if "test" not in m.hooks]
+        validate_preset(values)
     except (ValuesError, ConfigError) as exc:
         print(f"dapo doctor: {exc}", file=sys.stderr)
         return 2

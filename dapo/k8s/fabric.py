@@ -40,8 +40,7 @@ def check_fabric(v: dict[str, Any], pl: dict[str, Any]) -> None:
         raise ValuesError(
             f"fabric.expect: {where} and declares no network fabric: NCCL would train over TCP sockets without an "
             f"error. Add your cloud's file ({files}) or declare the fabric: --set fabric.expect=ib (InfiniBand / "
-            "RoCE), efa, tcpx, tcpxo, gib, or socket (TCP: checked and reported, never refused); docs/deploy.md, "
-            "'The fabric'"
+            "RoCE), efa, tcpx, tcpxo, gib, or socket (TCP: checked and reported, never refused); docs/fabric.md"
         )
     if not fab["check"]:
         raise ValuesError(

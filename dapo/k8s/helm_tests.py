@@ -83,7 +83,7 @@ class HelmTestPods(ChartContext):
         return (
             f'set -u; f={m}/.dapo-helm-test-$(hostname); want="written by uid $(id -u) gid $(id -g)"; '
             f'if ! echo "$want" > "$f"; then echo "cannot write {m} as uid $(id -u) gid $(id -g): set '
-            'podSecurityContext.fsGroup or storage.fixOwnership.enabled (docs/deploy.md)" >&2; exit 1; fi; '
+            'podSecurityContext.fsGroup or storage.fixOwnership.enabled (docs/storage.md#permissions)" >&2; exit 1; fi; '
             f'if [ "$(cat "$f")" != "$want" ]; then echo "{m}: read back differs from what was written" >&2; exit 1; '
             f'fi; rm -f "$f"; for d in {v["dataPrep"]["outDir"]} {v["storage"]["hfHome"]}; do if [ -e "$d" ] && '
             '[ ! -w "$d" ]; then echo "$d is not writable by uid $(id -u)" >&2; exit 1; fi; done; '

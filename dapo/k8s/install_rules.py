@@ -57,7 +57,7 @@ def check_install(v: dict[str, Any]) -> None:
         for key, repository, image in release_images(v):
             if repository in (IMAGE_REPOSITORY, EVAL_IMAGE_REPOSITORY):
                 raise ValuesError(
-                    f"{key}: {image} is the chart's default image, which has not been published; build both images "
+                    f"{key}: {image} is the chart's default image, which has not been published; build the images "
                     f"and push them to your registry with `{BUILD_COMMAND}` (docs/images.md), then set "
                     "image.repository=<registry>/dapo and eval.image.repository=<registry>/dapo-eval; if the "
                     "images named do exist (a published release tag), set image.published=true"
@@ -66,5 +66,5 @@ def check_install(v: dict[str, Any]) -> None:
         raise ValuesError(
             f"storage.storageClassName: {q(PLACEHOLDER_CLASS)} is the values files' placeholder, not a class of your "
             "cluster (the claim would stay Pending): set your ReadWriteMany StorageClass, e.g. --set "
-            "storage.storageClassName=$RWX_CLASS (kubectl get storageclass; docs/deploy.md, 'Storage')"
+            "storage.storageClassName=$RWX_CLASS (kubectl get storageclass; docs/storage.md)"
         )

@@ -54,7 +54,7 @@ def env_profile_command(values: dict[str, Any]) -> str:
         return ""
     return (f'if [ -r "{path}" ]; then . "{path}"; echo "dapo: sourced {path} (fabric.ncclEnvProfile)"; else echo '
             f'"dapo: fabric.ncclEnvProfile {path} does not exist on this node: the NCCL plugin installer DaemonSet '
-            f'has not installed it (docs/deploy.md, The fabric)" >&2; exit 1; fi')
+            f'has not installed it (docs/fabric.md)" >&2; exit 1; fi')
 
 
 class PodTemplates(ChartContext):
@@ -108,6 +108,9 @@ class PodTemplates(ChartContext):
         if (v.get("wandb") or {}).get("entity"):
             env.append({"name": "WANDB_ENTITY", "value": v["wandb"]["entity"]})
         env.append({"name": "RAY_memory_monitor_refresh_ms", "value": "0"})
+        # the node and pod of this Ray process (downward API): the run names a failing or slow node by them
+        env += [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+                for name, path in (("DAPO_NODE_NAME", "spec.nodeName"), ("DAPO_POD_NAME", "metadata.name"))]
         if head:
             env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})
         env += [{"name": k, "value": v["nccl"][k]} for k in sorted(v["nccl"])]

@@ -218,7 +218,7 @@ class RayJobs(PodTemplates):
                 "name": "ray-job-submitter",
                 "image": image,
                 "imagePullPolicy": v["image"]["pullPolicy"],
-                # the Ray CLI's submit and log follow write no file (an HTTP client; docs/deploy.md)
+                # the Ray CLI's submit and log follow write no file (an HTTP client; docs/security.md)
                 "securityContext": {**copy.deepcopy(RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},
                 "resources": copy.deepcopy(job["submitter"]["resources"]),
             }]

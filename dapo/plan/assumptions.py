@@ -44,6 +44,12 @@ class Assumptions:
     cuda_context_gib: float = 1.0
     # vLLM max concurrent sequences per engine (verl rollout.max_num_seqs; raise it for long-response DAPO runs).
     max_num_seqs: int = 1024
+    # A failed attempt's restart: the next cluster, images on the nodes, model and checkpoint load, engine start,
+    # seconds (not measurable without the cluster; dapo.plan.faults).
+    restart_s: float = 1200.0
+    # Unexpected interruptions per GPU and day: Llama 3 405B pre-training, 419 in 54 days on 16,384 H100s
+    # (arXiv 2407.21783, Table 5).
+    faults_per_gpu_day: float = 419 / (54 * 16384)
 
     def resolved_response_len(self, max_response_length: int) -> int:
         if self.mean_response_len is not None:

@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from dapo.config import Preset, load_preset
 from dapo.plan.assumptions import Assumptions
+from dapo.plan.faults import fault_costs
 from dapo.plan.models import GPU, Arch
 from dapo.plan.shape import Check, Checks, Run, check_shape, resolve_run
 from dapo.plan.steps import (KNOWN_DATASET_ROWS, PAPER_ROLLOUT_STEPS, StepSemantics, carry_prompts_per_step,
@@ -61,6 +62,8 @@ class Plan:
     runtime: dict[str, Any] = field(default_factory=dict)
     # the step with the reference sampler and with the carry sampler: {"reference": {...}, "carry": {...}}
     samplers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # time lost per fault and the effective training time share (dapo.plan.faults)
+    faults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def errors(self) -> list[Check]:
@@ -128,7 +131,9 @@ def make_plan(preset: Preset | str, gpu: Optional[str] = None, nodes: Optional[i
                 gpus_per_node=s.gpn, world=s.world, params=s.arch.params, memory_gib=memory, tokens=tokens,
                 time_s=time_s, steps=steps, totals=totals,
                 assumptions=s.A.describe() | {"mean_response_len": s.R, "tail_response_len": s.tail},
-                checks=list(checks), samplers=samplers)
+                checks=list(checks), samplers=samplers,
+                faults=fault_costs(preset, time_s, s.world, s.A.restart_s, s.A.faults_per_gpu_day,
+                                   steps.get("gen_rounds_per_step") or 1))
 
 
 def _train_memory(s: Run, states: dict[str, float], tokens_per_gpu: float) -> dict[str, float]:

@@ -102,6 +102,7 @@ def render_text(plan: Plan) -> str:
     L.append("")
     L.append(f"Total: {_fmt_s(None if tot['hours'] is None else tot['hours'] * 3600)}, "
              f"{_fmt_n(tot['gpu_hours'])} GPU-hours ({tot['gpu_hours_per_rollout_step']:.1f} per rollout step)")
+    L += _fault_lines(plan)
     if plan.checks:
         L.append("")
         L += [f"  {c}" for c in plan.checks]
@@ -132,6 +133,25 @@ REFERENCE_RUNS: dict[str, tuple[str, str, str, bool]] = {
 }
 
 
+def _fault_lines(plan: Plan) -> list[str]:
+    """The "Faults" lines (:mod:`dapo.plan.faults`): time lost per fault and the effective training time share."""
+    f, tot = plan.faults, plan.totals
+    if not f:
+        return []
+    L = ["", "Faults (estimate: restart_s and the fault rate are assumptions; docs/deadlines.md)"]
+    since, restart = _fmt_s(f["since_checkpoint_s"]), _fmt_s(f["restart_s"])
+    if f["lost_per_hang_s"] is not None:
+        L.append(f"  a hang   {_fmt_s(f['lost_per_hang_s']):>10} lost = watchdog {_fmt_s(f['detect_hang_s'])} + restart "
+                 f"{restart} + {since} since the last checkpoint (half of save_freq)")
+    L.append(f"  a crash  {_fmt_s(f['lost_per_crash_s']):>10} lost = at most {_fmt_s(f['detect_crash_s'])} to notice "
+             f"(the process-group timeout) + restart {restart} + {since}")
+    days = tot.get("days")
+    over = f", {f['faults_per_day'] * days:.1f} over the run's {days:.1f} days" if days else ""
+    L.append(f"  at {f['faults_per_day']:.3f} faults/day on {plan.world} GPUs{over}: effective training time "
+             f"{f['effective_share']:.1%} of wall time")
+    return L
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -139,7 +159,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def markdown_block(block: str) -> str:
-    """The generated markdown for one docs block: ``presets``, ``calibration`` or ``epochs``."""
+    """The generated markdown for one docs block (:data:`DOCS_BLOCKS`)."""
     if block == "presets":
         rows = []
         for name, (target, stack, wandb, paper_scale) in REFERENCE_RUNS.items():
@@ -162,7 +182,7 @@ def markdown_block(block: str) -> str:
         rows.append(["`tiny`", "- (CPU demo)", "one CPU", f"`{tiny.recipe.model.path}`", "current (.venv)", "-", "-",
                      f"{tiny.recipe.trainer.total_training_steps} steps on CPU (`make train`)", "-"])
         return _md_table(["preset", "target AIME-2024 avg@32", "hardware", "model", "image / verl",
-                          "est. time / rollout step", f"est. GPU-hours to {PAPER_ROLLOUT_STEPS} rollout steps (paper)",
+                          "est. wall time / rollout step", f"est. GPU-hours to {PAPER_ROLLOUT_STEPS} rollout steps (paper)",
                           "est. GPU-hours as configured", "wandb reference run"], rows)
     if block == "calibration":
         rows = []
@@ -189,6 +209,10 @@ def markdown_block(block: str) -> str:
                           "gradient steps / epoch", f"epochs for {PAPER_ROLLOUT_STEPS} rollout steps"], rows)
     if block == "checkpoints":
         return _checkpoint_table()
+    if block == "steptime":
+        return _step_time_table()
+    if block == "faults":
+        return _fault_table()
     raise PlanError(f"unknown docs block {block!r}; known: {', '.join(DOCS_BLOCKS)}")
 
 
@@ -211,7 +235,42 @@ def _checkpoint_table() -> str:
                       "one save at the floor"], rows)
 
 
-DOCS_BLOCKS = ("presets", "calibration", "epochs", "checkpoints")
+def _step_time_table() -> str:
+    """Per GPU preset: the estimated time of one rollout step without validation or a save (what ``timing_s/step``
+    of an ordinary step shows), the wall time per step with both amortised (``validation / test_freq +
+    checkpoint / save_freq``: what a run's pace averages), and trained tokens / (step seconds x GPUs)."""
+    rows = []
+    for name in ("full", "early", "7b", "smoke"):
+        pl = make_plan(load_preset(name))
+        t = pl.time_s
+        rows.append([f"`{name}`", f"{pl.nodes} x {pl.gpus_per_node}", _fmt_s(t["step"]), _fmt_s(t["wall_per_step"]),
+                     f"{pl.tokens['trained_tokens'] / (t['step'] * pl.nodes * pl.gpus_per_node):,.0f}"])
+    return _md_table(["preset", "GPUs", "compute time / rollout step (no validation, no save)",
+                      "wall time / rollout step (validation and saves amortised)",
+                      "trained tokens / s / GPU"], rows)
+
+
+def _fault_table() -> str:
+    """Per GPU preset: the time a hang and a crash cost (detection + restart + half the checkpoint interval,
+    :mod:`dapo.plan.faults`) and the effective training time at Llama 3's published interruption rate and at one
+    fault a day."""
+    from dapo.plan.faults import DAY_S
+
+    rows = []
+    for name in ("full", "early", "7b", "smoke"):
+        pl = make_plan(load_preset(name))
+        f = pl.faults
+        worst = f["lost_per_hang_s"] or f["lost_per_crash_s"]
+        rows.append([f"`{name}`", f"{pl.nodes} x {pl.gpus_per_node}",
+                     f"{_fmt_s(f['lost_per_hang_s'])} = {_fmt_s(f['detect_hang_s'])} + {_fmt_s(f['restart_s'])} + "
+                     f"{_fmt_s(f['since_checkpoint_s'])}", _fmt_s(f["lost_per_crash_s"]),
+                     f"{f['faults_per_day']:.3f}/day: {f['effective_share']:.1%}",
+                     f"{max(0.0, 1 - worst / DAY_S):.1%}"])
+    return _md_table(["preset", "GPUs", "a hang costs (watchdog + restart + since the checkpoint)", "a crash costs",
+                      "effective training time at Llama 3's rate", "at one fault a day"], rows)
+
+
+DOCS_BLOCKS = ("presets", "calibration", "epochs", "checkpoints", "steptime", "faults")
 
 
 def update_docs(path: str | os.PathLike) -> bool:

@@ -38,7 +38,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from dapo.config import ConfigError, Preset
+from dapo.config import ConfigError, Preset, resolve_trainer_refs
 
 REFERENCE_REPO = "volcengine/verl"
 REFERENCE_COMMIT = "4f80e465c2ec79ab9c3c30ec74b9745de61d0490"
@@ -344,6 +344,8 @@ def _our_settings(w: _Writer, preset: Preset) -> None:
     for key in ("entropy_min", "starving_gen_batches", "clip_ratio_max", "patience"):
         not_passed(f"recipe.trainer.health.{key}", getattr(t.health, key),
                    "a threshold of our loop's health warnings; the reference trainer has no health guards")
+    for f in dataclasses.fields(t.watchdog):  # the reference trainer has no watchdog (dapo.train.watchdog)
+        not_passed(f"recipe.trainer.watchdog.{f.name}", getattr(t.watchdog, f.name), "a budget of our loop's watchdog")
     if a.use_kl_loss:
         put("actor_rollout_ref.actor.kl_loss_type", a.kl_loss_type, "recipe.actor.kl_loss_type")
     else:
@@ -373,14 +375,11 @@ def _files(files: list[str]) -> Any:
 
 
 def _resolve_trainer(path: str, trainer: Any) -> str:
-    out = path
-    for f in dataclasses.fields(trainer):
-        v = getattr(trainer, f.name)
-        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
-            out = out.replace(f"${{trainer.{f.name}}}", str(v))
-    if "${" in out:
-        raise ReferenceError(f"recipe.trainer.default_local_dir: cannot resolve {path!r} for the reference command")
-    return out
+    try:
+        return resolve_trainer_refs(path, dataclasses.asdict(trainer))
+    except ConfigError:
+        raise ReferenceError(f"recipe.trainer.default_local_dir: cannot resolve {path!r} for the reference command"
+                             ) from None
 
 
 def _norm(v: Any) -> Any:

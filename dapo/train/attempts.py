@@ -5,7 +5,7 @@ A two-week run is many attempts (KubeRay retries a failed one with a new cluster
 volume carry what the next attempt and the log follower (:mod:`dapo.cluster.follow`) need, each written whole to a
 temporary name and renamed into place (a reader never sees half of one):
 
-- ``<run dir>/progress.json`` (:class:`Progress`): the phase the loop is in (``startup``, ``gen``, ``old_log_prob``,
+- ``<run dir>/progress.json`` (:mod:`dapo.train.watchdog`): the phase the loop is in (``startup``, ``gen``, ``old_log_prob``,
   ``ref``, ``update_actor``, ``save``, ``validate``), since when, its budget and the deadline that follows
   (:mod:`dapo.train.watchdog` sets them), the step, and a heartbeat the watchdog refreshes every few seconds. The
   driver's watchdog ends an attempt whose phase passes its deadline; the follower ends one whose heartbeat stops
@@ -45,6 +45,9 @@ EXIT_STALLED = 6  # the watchdog ended an attempt whose phase passed its budget;
 EXIT_NONFINITE = 7  # a non-finite loss, gradient norm, entropy, reward or weight; final when it recurs at its step
 EXIT_VERDICT = 8  # an earlier attempt's final verdict: this attempt exits at once, training nothing
 EXIT_NO_SPACE = 9  # the volume cannot hold the next checkpoint; nothing was written
+
+# what a backend's error says when a worker refused to save non-finite weights (dapo.backends.verl.worker_hooks)
+NONFINITE_WEIGHTS_MARK = "DAPO_NONFINITE_WEIGHTS"
 
 # the causes an end record names, and the exit code of each (error: a traceback or a worker that died)
 CAUSES = {
@@ -86,8 +89,10 @@ def progress_path(run_dir: Path | str) -> Path:
 
 
 def read_progress(run_dir: Path | str) -> Optional[dict[str, Any]]:
-    """The progress record (:class:`Progress` writes it): ``attempt``, ``pid``, ``host``, ``phase``, ``step``,
-    ``since``, ``budget_s``, ``deadline``, ``heartbeat`` (unix seconds), ``heartbeat_every_s``; None when absent."""
+    """The progress record (:class:`dapo.train.watchdog.Watchdog` writes it): ``attempt``, ``pid``, ``host``,
+    ``pod`` and ``node`` (the driver's, from the downward API), ``phase``, ``step``, ``since``, ``budget_s``,
+    ``deadline``, ``heartbeat`` (unix seconds), ``heartbeat_every_s``, ``recent`` (each phase's last times); None
+    when absent."""
     return read_json(progress_path(run_dir))
 
 

@@ -170,20 +170,44 @@ def prune(root: Path | str, max_to_keep: Optional[int], *,
     if not steps:
         return []
     newest = steps[-1]
-    victims = steps[:-max_to_keep] if max_to_keep is not None and max_to_keep > 0 else []
-    best = best_step(root)
-    victims = [s for s in victims if s != best]
-    for d in root.iterdir() if root.is_dir() else []:
-        m = _STEP_DIR.match(d.name)
-        if m and d.is_dir() and int(m.group(1)) < newest and not (d / "COMPLETE").exists():
-            victims.append(int(m.group(1)))
     deleted = []
-    for s in sorted(set(victims)):
+    for s in victims(root, max_to_keep):
         if s == newest:  # unreachable by construction; a guard against a future edit
             raise RuntimeError(f"refusing to delete the newest complete checkpoint global_step_{s}")
         discard(root, s, _rmtree=_rmtree)
         deleted.append(s)
     return deleted
+
+
+def victims(root: Path | str, max_to_keep: Optional[int]) -> list[int]:
+    """The steps :func:`prune` deletes: complete checkpoints beyond the newest ``max_to_keep`` (never the best), and
+    incomplete ``global_step_*`` directories older than the newest complete checkpoint."""
+    root = Path(root)
+    steps = complete_steps(root)
+    if not steps:
+        return []
+    newest = steps[-1]
+    out = steps[:-max_to_keep] if max_to_keep is not None and max_to_keep > 0 else []
+    best = best_step(root)
+    out = [s for s in out if s != best]
+    for d in root.iterdir():
+        m = _STEP_DIR.match(d.name)
+        if m and d.is_dir() and int(m.group(1)) < newest and not (d / "COMPLETE").exists():
+            out.append(int(m.group(1)))
+    return sorted(set(out))
+
+
+def quarantine(root: Path | str, step: int, why: str) -> Path:
+    """Move checkpoint ``step`` out of every reader's sight (``.nonfinite-global_step_<step>``, with ``why`` in a
+    file beside its content): it stays on disk for a post-mortem, and no resume picks it up again."""
+    root = Path(root)
+    dest = root / f".nonfinite-global_step_{step}"
+    if dest.exists():
+        shutil.rmtree(dest, ignore_errors=True)
+    (root / f"global_step_{step}").rename(dest)
+    (dest / "QUARANTINED").write_text(why.rstrip("\n") + "\n")
+    fsync_dir(root)
+    return dest
 
 
 def best_record(root: Path | str) -> Optional[dict[str, Any]]:

@@ -20,11 +20,10 @@ reason: see :data:`dapo.backends.verl.passthrough.PASSTHROUGH_REFUSED`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
-from dapo.config import ConfigError, list_presets, load_preset, split_overrides
+from dapo.config import ConfigError, list_presets, load_preset, run_dir, split_overrides
 from dapo.train.fabric import EXIT_FABRIC, FABRICS, PLACEMENT_TIMEOUT_S
 
 def _positive_seconds(text: str) -> float:
@@ -75,20 +74,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_dir_of(preset, args: argparse.Namespace) -> Path:
     """Where the run keeps checkpoints and logs: ``--run-dir`` (local backend) or ``trainer.default_local_dir`` with
-    its ``${trainer.<key>}`` references resolved (what verl's config resolves it to)."""
-    from dapo.k8s.presets import ValuesError, trainer_path
-
+    its ``${trainer.<key>}`` references resolved (:func:`dapo.config.run_dir`)."""
     if getattr(args, "run_dir", None):
         return Path(args.run_dir)
-    t = preset.recipe.trainer
-    try:
-        return Path(trainer_path(t.default_local_dir, dataclasses.asdict(t)))
-    except ValuesError as exc:
-        raise ConfigError(f"recipe.trainer.default_local_dir: {exc}") from exc
+    return Path(run_dir(preset))
+
+
+def _attempt(preset, args: argparse.Namespace):
+    """This attempt's ends and watchdog (:mod:`dapo.train.ending`, :mod:`dapo.train.watchdog`), the watchdog started
+    on the start-up's budget; (None, None) for ``--dry-run``."""
+    if args.dry_run:
+        return None, None
+    from dapo.train import attempts, runlog
+    from dapo.train.ending import AttemptEnd
+    from dapo.train.watchdog import Watchdog
+
+    run_dir = run_dir_of(preset, args)
+    log = runlog.active()
+    ending = AttemptEnd(run_dir, log.number if log else None, attempts.preset_key(preset.to_dict()))
+    watchdog = Watchdog(preset.recipe.trainer.watchdog, run_dir, attempt=ending.attempt, on_stall=ending.stall)
+    watchdog.enter("startup")
+    return ending, watchdog.start()
 
 
 def _run(preset, args: argparse.Namespace, verl_overrides: list[str]) -> int:
+    ending, watchdog = _attempt(preset, args)
     try:
+        if ending is not None and (code := ending.refuse_on_verdict()) is not None:
+            return code  # an earlier attempt stopped the run for good: nothing is built
+        args.attempt_end, args.watchdog = ending, watchdog  # the backend hands both to the loop
         if preset.placement.backend == "local":
             from dapo.backends.local.run import run as run_backend
 
@@ -99,6 +113,13 @@ def _run(preset, args: argparse.Namespace, verl_overrides: list[str]) -> int:
     except ConfigError as exc:
         print(f"dapo train: configuration error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a crash: recorded (with the nodes it names) for the follower, then the traceback
+        if ending is not None:
+            ending.crashed(exc)
+        raise
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

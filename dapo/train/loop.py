@@ -34,23 +34,25 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from dapo.train import attempts, runlog
 from dapo.train import checkpoint as ckpt
-from dapo.train import runlog
 from dapo.advantage import group_advantages
 from dapo.backends.base import Backend, Rollout, Sampling
+from dapo.train.ending import NONFINITE_REWARDS, AttemptEnd
+from dapo.train.fit import Fit
 from dapo.train.generations import dump_generations, prompt_text
 from dapo.train.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED, HealthGuard
-from dapo.train.metrics import MetricsLogger, format_step_line, val_accuracy
 from dapo.train.step_metrics import batch_metrics, generation_metrics, timing_metrics
 from dapo.train.resume import Resumable
 from dapo.train.stream import PromptStream
 from dapo.train.validation import Validation, cpu_seconds
+from dapo.train.watchdog import Watchdog
 from dapo.reward import score_responses
 from dapo.sampler import DynamicSampler, DynamicSamplingError
 
@@ -58,14 +60,16 @@ __all__ = ["DAPOLoop", "EXIT_HEALTH_STOP", "EXIT_SAMPLER_EXHAUSTED"]
 
 
 @contextmanager
-def _timed(timing: dict[str, float], phase: str) -> Iterator[None]:
-    """Adds the seconds of the ``with`` block to ``timing[phase]``."""
+def _timed(timing: dict[str, float], phase: str, watchdog: Optional[Watchdog] = None) -> Iterator[None]:
+    """Adds the seconds of the ``with`` block to ``timing[phase]``; the block runs under the watchdog's budget of
+    ``phase`` when there is one."""
     t0 = time.perf_counter()
-    yield
+    with watchdog.phase(phase) if watchdog is not None else nullcontext():
+        yield
     timing[phase] += time.perf_counter() - t0
 
 
-class DAPOLoop(Validation, Resumable):
+class DAPOLoop(Fit, Validation, Resumable):
     """The DAPO loop over a backend (module docstring). ``fit()`` runs it and returns the process exit code."""
 
     def __init__(
@@ -78,6 +82,8 @@ class DAPOLoop(Validation, Resumable):
         *,
         progress: bool = True,
         log: Optional[Callable[[str], None]] = None,
+        ending: Optional[AttemptEnd] = None,
+        watchdog: Optional[Watchdog] = None,
     ):
         self.preset = preset
         r = self.recipe = preset.recipe
@@ -135,6 +141,13 @@ class DAPOLoop(Validation, Resumable):
         self._pending_metrics: Optional[dict[str, float]] = None  # a step's record not yet logged when it was saved
         self.wandb_extra: dict[str, Any] = {}  # run facts for the wandb config besides the preset (the fabric check)
         self._bar = None
+        # how this attempt ends on purpose, and the watchdog of its phases (dapo train makes both; a loop built
+        # directly -- benchmarks, tests -- gets its ends recorded and no watchdog)
+        log_obj = runlog.active()
+        self.ending = ending or AttemptEnd(self.run_dir, log_obj.number if log_obj else None,
+                                           attempts.preset_key(preset.to_dict()), log=self.log)
+        self.ending.attach(backend, lambda: self.step, self.log)
+        self.watchdog = watchdog
         self._t0 = time.time()
         self._cpu0 = cpu_seconds()
 
@@ -195,24 +208,26 @@ class DAPOLoop(Validation, Resumable):
         timing: dict[str, float] = defaultdict(float)
         t_step = time.perf_counter()
         generated: dict[str, list[np.ndarray]] = defaultdict(list)
+        bad_rewards = 0
         while not self.sampler.is_full():  # dynamic sampling (eq. 11): until train_batch_size groups are kept
-            with _timed(timing, "gen"):
+            with _timed(timing, "gen", self.watchdog):
                 rollout = self.generate()
-            with _timed(timing, "reward"):
+            with _timed(timing, "reward", self.watchdog):
                 scored = self.score(rollout)
-            with _timed(timing, "filter"):
+                bad_rewards += int(np.count_nonzero(~np.isfinite(np.asarray(scored["reward"], dtype=np.float64))))
+            with _timed(timing, "filter", self.watchdog):
                 self.filter_groups(step, rollout, scored, generated)
                 # the sampler keeps only the rows of groups it may still train on (a copy); the generation batch
                 # itself is dropped right here, before the next one is generated
                 del rollout, scored
-        with _timed(timing, "filter"):
+        with _timed(timing, "filter", self.watchdog):
             batch, scores, sampler_stats = self.kept_batch()
-        with _timed(timing, "adv"):
+        with _timed(timing, "adv", self.watchdog):
             adv, loss_mask = self.advantages(batch, scores)
-        metrics: dict[str, float] = {}
-        with _timed(timing, "old_log_prob"):
+        metrics: dict[str, float] = {NONFINITE_REWARDS: float(bad_rewards)}
+        with _timed(timing, "old_log_prob", self.watchdog):
             metrics.update(self.backend.compute_old_log_probs(batch))
-        with _timed(timing, "update_actor"):
+        with _timed(timing, "update_actor", self.watchdog):
             metrics.update(self.backend.update(batch, adv, loss_mask))
         self._dump(self.recipe.trainer.rollout_data_dir, batch, scores, step)
         metrics.update(self.step_metrics(step, batch, scores, adv, loss_mask, generated, sampler_stats))
@@ -221,6 +236,7 @@ class DAPOLoop(Validation, Resumable):
         metrics.update(timing_metrics(timing, step_s, None if prompts is None else float(np.sum(prompts)),
                                       float(np.sum(batch.response_length)), self.backend.n_gpus))
         metrics.update(self.backend.fit_metrics(batch, adv, {**timing, "step": step_s}))  # verl's own functions
+        metrics.update(self.backend.rank_metrics(step))  # the ranks' compute probe: a slow node shows here
         return metrics
 
     def generate(self) -> Rollout:
@@ -302,84 +318,3 @@ class DAPOLoop(Validation, Resumable):
         metrics["training/global_step"] = float(step)
         metrics["training/epoch"] = float(self.stream.epoch)
         return metrics
-
-    # ---------------------------------------------------------------------------------------------------------------
-    def _cadence(self, freq: int, step: int) -> bool:
-        return freq > 0 and (step % freq == 0 or step == self.total_steps)
-
-    def fit(self) -> int:
-        """Run to ``total_steps`` (or a health stop); returns the exit code (0, or :mod:`dapo.train.health`'s codes)."""
-        t = self.recipe.trainer
-        resumed = self._resume_or_start()
-        logger = MetricsLogger(
-            self.run_dir, t.logger, project=t.project_name, experiment=t.experiment_name,
-            config={**self.preset.to_dict(), **self.wandb_extra}, resume=resumed, warn=self.log,
-        )
-        try:
-            return self._fit(logger)
-        except KeyboardInterrupt:
-            last = ckpt.latest(self.ckpt_root)
-            self.log(f"interrupted during step {self.step + 1}; newest checkpoint: {last or 'none'}. Rerun the same "
-                     "command to resume.")
-            return 130
-        finally:
-            logger.close()
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
-
-    def _fit(self, logger: MetricsLogger) -> int:
-        t = self.recipe.trainer
-        self._log_pending(logger)
-        if self.step >= self.total_steps:
-            self.log(f"run already complete ({self.step}/{self.total_steps} steps; checkpoints in {self.ckpt_root}). "
-                     "Use --resume disable (or another --run-dir) to train again.")
-            self._finish()
-            return 0
-        if self.step == 0 and t.val_before_train and self.val_rows and not any(s == 0 for s, _ in self.val_history):
-            m = self.validate()
-            self.val_history.append((0, m))
-            logger.log(m, 0)
-            self.log(f"step 0/{self.total_steps} | validation before RL | val_acc {val_accuracy(m):.3f} "
-                     f"({len(self.val_rows)} prompts x {self.val_sampling.n}) | {m['timing_s/testing']:.1f}s")
-        console = runlog.console()  # an interactive stderr, around the attempt log's pipe
-        if self.progress and console is not None:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=self.total_steps, initial=self.step, desc="DAPO", unit="step", dynamic_ncols=True,
-                             file=console)
-        while self.step < self.total_steps:
-            step = self.step + 1
-            try:
-                metrics = self.train_step(step)
-            except DynamicSamplingError as exc:
-                self.save()  # the state after the last completed step (no update happened in the failed one)
-                self.log(f"stopped at step {step}: {exc}\ncheckpoint of step {self.step} saved in {self.ckpt_root}; "
-                         f"exit code {EXIT_SAMPLER_EXHAUSTED}")
-                return EXIT_SAMPLER_EXHAUSTED
-            self.step = step
-            events = self.health.observe(step, metrics)  # the guards read training metrics only
-            stop = [e for e in events if e.stop]
-            # save before validating, as verl's fit() does: the weights reach the rollout engine once per step
-            # (validation syncs them; a save after it would put the replicas to sleep and force a second sync)
-            if self._cadence(t.save_freq, step) or stop:
-                self._pending_metrics = dict(metrics)
-                self.save()
-                self._pending_metrics = None
-                metrics["timing_s/save_checkpoint"] = self.last_save_seconds
-            if self._cadence(t.test_freq, step) and self.val_rows:
-                vm = self.validate()
-                self._record_validation(step, vm)
-                metrics.update(vm)
-            logger.log(metrics, step)
-            self.log(format_step_line(step, self.total_steps, metrics))
-            if self._bar is not None:
-                self._bar.update(1)
-            for e in events:
-                self.log(("HEALTH STOP: " if e.stop else "HEALTH WARNING: ") + e.message)
-            if stop:
-                self.log(f"stopped by recipe.trainer.health.stop_on={list(t.health.stop_on)}; checkpoint of step "
-                         f"{step} saved in {self.ckpt_root}; exit code {EXIT_HEALTH_STOP}")
-                return EXIT_HEALTH_STOP
-        self._finish()
-        return 0

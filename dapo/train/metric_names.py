@@ -88,6 +88,10 @@ METRICS: dict[str, str] = {
         "mean probability of the sampled tokens under the sampling distribution, all generated responses"
     ),
     "train/num_filtered_responses": "responses dropped from the loss by overlong filtering (when enabled)",
+    # the attempt's own checks (dapo.train.ending): recorded every step, 0 on every sane step
+    "health/nonfinite": "how many of the step's loss, gradient norm, entropy, KL and reward checks were not finite "
+                        "(a non-finite step ends the attempt before it is saved)",
+    "health/nonfinite_rewards": "responses generated this step whose reward was not finite",
     "training/global_step": "rollout step (verl name)",
     "training/epoch": "pass over the training prompts (verl name)",
     # validation (verl names)
@@ -122,6 +126,10 @@ BACKEND_ONLY: dict[str, dict[str, str]] = {
     "verl": {
         "actor/loss": "verl's total actor loss (policy loss + entropy and KL terms), mean over micro-batches",
         "actor/perf/": "verl's per-worker memory readings (GPU allocator, host memory)",
+        "ranks/": "every FSDP rank's compute probe (dapo.backends.verl.ranks): the slowest rank's seconds "
+                  "(probe_s/max) over the median of the others (probe_s/median_others, probe_max_over_median), which "
+                  "rank (probe_slowest_rank), how many answered, and the process-group timeout read back from them "
+                  "(pg_timeout_s)",
         "perf/mfu/": "model-FLOPs utilisation of the actor's update (perf/mfu/actor) and of the pi_old pass "
                      "(actor_infer): achieved FLOPs / (device peak x ranks), verl's FlopsCounter. The local backend "
                      "logs both only where its device's peak is known (dapo.util.flops.peak_flops: a listed GPU); "

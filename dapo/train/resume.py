@@ -17,12 +17,13 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from dapo.backends.base import Rollout
 from dapo.train import checkpoint as ckpt
+from dapo.train.ending import directory_bytes, space_shortfall
 from dapo.train.metrics import MetricsLogger, format_step_line, read_jsonl, truncate_jsonl, val_accuracy
 
 __all__ = ["Resumable"]
@@ -88,9 +89,8 @@ class Resumable:
             # free the space of a deletion a killed attempt left half done (and apply a lowered retention) now,
             # before the first save of this attempt needs it
             ckpt.prune(self.ckpt_root, self.recipe.trainer.max_ckpt_to_keep)
-            latest = ckpt.latest(self.ckpt_root)
+            latest = self._load_newest_finite()
             if latest is not None:
-                self.backend.load_checkpoint(str(latest))
                 self.load_state_dict(ckpt.load_loop_state(latest))
                 truncate_jsonl(metrics_file, self.step)
                 self.log(f"resumed from {latest} (step {self.step}/{self.total_steps})")
@@ -107,6 +107,45 @@ class Resumable:
                 shutil.move(str(p), str(dest / p.name))
             self.log(f"resume disabled: moved the earlier run's {', '.join(p.name for p in old)} to {dest}")
         return False
+
+    def _load_newest_finite(self) -> Optional[Path]:
+        """Load the newest complete checkpoint whose weights are finite into the backend; one that is not (the
+        backend can tell: :meth:`dapo.backends.base.Backend.weights_finite`) is quarantined and the next older one
+        tried. Returns the checkpoint loaded, or None."""
+        while (latest := ckpt.latest(self.ckpt_root)) is not None:
+            self.backend.load_checkpoint(str(latest))
+            if self.backend.weights_finite() is not False:
+                return latest
+            step = int(latest.name.rpartition("_")[2])
+            dest = ckpt.quarantine(self.ckpt_root, step, "non-finite weights after loading it")
+            self.log(f"checkpoint {latest} holds non-finite weights: moved to {dest}; trying the one before it")
+        return None
+
+    def _space_shortfall(self) -> Optional[str]:
+        """Why the volume cannot hold the next checkpoint (:func:`dapo.train.ending.space_shortfall`), or None. The
+        newest checkpoint on disk sizes it (the backend's estimate before there is one); what retention deletes
+        before the write counts as free."""
+        newest = ckpt.latest(self.ckpt_root)
+        if newest is not None:
+            if getattr(self, "_sized", (None, 0))[0] != newest:
+                self._sized = (newest, directory_bytes(newest))
+            needed = self._sized[1]
+        else:
+            needed = self.backend.checkpoint_bytes() or 0
+        if needed <= 0:
+            return None
+        keep = self.recipe.trainer.max_ckpt_to_keep
+        reclaim = sum(directory_bytes(self.ckpt_root / f"global_step_{s}") for s in ckpt.victims(self.ckpt_root, keep)
+                      ) if self.ckpt_root.is_dir() else 0  # fmt: skip
+        return space_shortfall(self.ckpt_root, needed, reclaim)
+
+    def _no_space(self, shortfall: str, step: int) -> int:
+        """End the attempt before a checkpoint that cannot fit is written (exit code 9)."""
+        message = (f"{shortfall}: nothing was written. Grow the volume, or lower recipe.trainer.max_ckpt_to_keep "
+                   f"({self.recipe.trainer.max_ckpt_to_keep}), or delete old checkpoints under {self.ckpt_root}; the "
+                   "next attempt resumes from the newest checkpoint")
+        self.log(f"NO SPACE: {message}")
+        return self.ending.finish("no_space", message, step=step)
 
     def _log_pending(self, logger: MetricsLogger) -> None:
         """A checkpoint is written before its step's validation and log record (verl's order); after a kill in

@@ -5,6 +5,8 @@ the template function ``toString``.
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal
 from typing import Any
 
 
@@ -33,9 +35,25 @@ def q(value: Any) -> str:
 
 
 def go_string(value: Any) -> str:
-    """Go template ``toString`` of a scalar read from YAML (numbers arrive as float64 there)."""
+    """A scalar read from YAML as the chart prints it (numbers arrive as float64 there): a whole number as an integer
+    below 1e21 (as ``toJson`` prints it), another float as Go's ``%v`` (``toString``: the shortest digits, in
+    exponent form when the exponent is below -4 or at least 6), a boolean as ``true``/``false``."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
         return str(int(value))
+    if isinstance(value, float) and math.isfinite(value):
+        return _go_float(value)
     return str(value)
+
+
+def _go_float(value: float) -> str:
+    """Go's ``%v`` of a finite float64 (strconv's ``'g'`` with the shortest digits, which Python's repr also finds)."""
+    exact = Decimal(repr(value)).normalize()
+    sign, digits, exponent = exact.as_tuple()
+    first = len(digits) - 1 + int(exponent)  # the decimal exponent of the leading digit
+    if first < -4 or first >= 6:
+        text = "".join(map(str, digits))
+        mantissa = text[0] + (f".{text[1:]}" if len(text) > 1 else "")
+        return f"{'-' if sign else ''}{mantissa}e{'-' if first < 0 else '+'}{abs(first):02d}"
+    return format(exact, "f")

@@ -91,6 +91,15 @@ Environment of every Ray container. Usage: include "dapo.env" (dict "root" $ "he
 {{- end }}
 - name: RAY_memory_monitor_refresh_ms
   value: "0"
+# the Kubernetes node and pod of this Ray process, from the downward API: the run names a failing or slow node by them
+- name: DAPO_NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: DAPO_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
 {{- if .head }}
 - name: NVIDIA_VISIBLE_DEVICES
   value: void
@@ -240,7 +249,7 @@ dapo.k8s.pods.env_profile_command is the twin.
 */}}
 {{- define "dapo.envProfileCommand" -}}
 {{- with .Values.fabric.ncclEnvProfile -}}
-if [ -r "{{ . }}" ]; then . "{{ . }}"; echo "dapo: sourced {{ . }} (fabric.ncclEnvProfile)"; else echo "dapo: fabric.ncclEnvProfile {{ . }} does not exist on this node: the NCCL plugin installer DaemonSet has not installed it (docs/deploy.md, The fabric)" >&2; exit 1; fi
+if [ -r "{{ . }}" ]; then . "{{ . }}"; echo "dapo: sourced {{ . }} (fabric.ncclEnvProfile)"; else echo "dapo: fabric.ncclEnvProfile {{ . }} does not exist on this node: the NCCL plugin installer DaemonSet has not installed it (docs/fabric.md)" >&2; exit 1; fi
 {{- end -}}
 {{- end -}}
 

@@ -1,7 +1,8 @@
 {{/*
 The preset merge: the preset's `extends:` chain read from presets/ (a link to the package's dapo/presets),
-merged like dapo.config, the values' overrides applied, the placement and model it implies.
-dapo/k8s/presets.py and dapo/k8s/values.py are the twins.
+merged like dapo.config.chain (the one Python implementation; tests/test_preset_chain.py renders these defines
+through Helm and compares them with it on every preset and a table of override spellings), the values' overrides
+applied, the placement and model it implies (dapo.placement's twin: dapo.k8s.values.placement).
 */}}
 
 {{/*
@@ -52,7 +53,7 @@ The files live in presets/ (a link to the package's dapo/presets: the one source
 {{- end -}}
 
 {{/*
-Recursive deep merge in place, like dapo.config.deep_merge: mappings merge, everything else (lists included) is
+Recursive deep merge in place, like dapo.config.chain.deep_merge: mappings merge, everything else (lists included) is
 replaced. Usage: include "dapo.deepMerge" (dict "dst" $a "src" $b)
 */}}
 {{- define "dapo.deepMerge" -}}
@@ -69,7 +70,7 @@ replaced. Usage: include "dapo.deepMerge" (dict "dst" $a "src" $b)
 {{- end -}}
 
 {{/*
-The preset with its `extends:` chain resolved (JSON), as dapo.config.load_raw_preset returns it.
+The preset with its `extends:` chain resolved (JSON), as dapo.config.chain.merged_preset returns it.
 */}}
 {{- define "dapo.preset" -}}
 {{- $files := include "dapo.presetFiles" . | fromJsonArray -}}
@@ -84,20 +85,54 @@ The preset with its `extends:` chain resolved (JSON), as dapo.config.load_raw_pr
 
 {{/*
 The preset after the values' `overrides` that are preset keys (root recipe, placement, local, name, description,
-target_aime), applied like dapo.config.apply_overrides: each `a.b.c=VALUE` sets the key, VALUE read as YAML. What
-the training run really uses for its paths, experiment name and model (evaluation, NOTES, model download).
+target_aime), applied like dapo.config.chain.apply_overrides: each `a.b.c=VALUE` sets the key, VALUE read as the
+YAML of `v: VALUE`. What the training run really uses for its paths, experiment name and model (evaluation, NOTES,
+model download).
 */}}
 {{- define "dapo.effectivePreset" -}}
 {{- $p := include "dapo.preset" . | fromJson -}}
 {{- range $o := .Values.overrides -}}
+{{- if not (contains "=" $o) -}}
+{{- fail (printf "overrides: %q is not of the form key=value" $o) -}}
+{{- end -}}
 {{- $kv := regexSplit "=" $o 2 -}}
 {{- $key := trim (first $kv) -}}
 {{- $root := first (splitList "." (regexReplaceAll "^[+~]+" $key "")) -}}
 {{- if has $root (list "recipe" "placement" "local" "name" "description" "target_aime") -}}
+{{- include "dapo.setOverride" (dict "preset" $p "override" $o "key" $key "raw" (last $kv)) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $p -}}
+{{- end -}}
+
+{{/*
+Set one preset override in place, refusing what dapo.config.chain.parse_override refuses with its messages.
+Usage: include "dapo.setOverride" (dict "preset" $p "override" $o "key" $key "raw" $value)
+*/}}
+{{- define "dapo.setOverride" -}}
+{{- $o := .override -}}
+{{- if regexMatch "^[+~]" .key -}}
+{{- fail (printf "overrides: %q: a preset key takes no Hydra prefix (+, ~)" $o) -}}
+{{- end -}}
+{{- if has "" (splitList "." .key) -}}{{- fail (printf "overrides: %q: empty key" $o) -}}{{- end -}}
 {{- $val := "" -}}
-{{- if trim (last $kv) -}}{{- $val = (fromYaml (printf "v: %s" (last $kv))).v -}}{{- end -}}
-{{- $parts := splitList "." $key -}}
-{{- $node := $p -}}
+{{- $raw := trim .raw -}}
+{{- if $raw -}}
+{{- /* YAML's infinities and NaN: JSON has none, so Helm would read null */ -}}
+{{- if regexMatch `^(\.(nan|NaN|NAN)|[-+]?\.(inf|Inf|INF))$` $raw -}}
+{{- fail (printf "overrides: %q: %s is not a finite number (Helm reads it as null)" $o $raw) -}}
+{{- end -}}
+{{- /* a decimal integer beyond 2^53: Helm's float64 would round it */ -}}
+{{- $digits := regexReplaceAll "[-+_]" $raw "" -}}
+{{- if and (regexMatch `^[-+]?[1-9][0-9_]*$` $raw) (or (gt (len $digits) 16) (and (eq (len $digits) 16) (gt $digits "9007199254740992"))) -}}
+{{- fail (printf "overrides: %q: %s is beyond 2^53, where Helm's 64-bit float numbers are no longer exact" $o $raw) -}}
+{{- end -}}
+{{- $doc := fromYaml (printf "v: %s" .raw) -}}
+{{- if hasKey $doc "Error" -}}{{- fail (printf "overrides: %q: the value is not valid YAML" $o) -}}{{- end -}}
+{{- $val = $doc.v -}}
+{{- end -}}
+{{- $parts := splitList "." .key -}}
+{{- $node := .preset -}}
 {{- range $part := initial $parts -}}
 {{- if kindIs "invalid" (index $node $part) -}}{{- $_ := set $node $part dict -}}{{- end -}}
 {{- if not (kindIs "map" (index $node $part)) -}}
@@ -106,9 +141,6 @@ the training run really uses for its paths, experiment name and model (evaluatio
 {{- $node = index $node $part -}}
 {{- end -}}
 {{- $_ := set $node (last $parts) $val -}}
-{{- end -}}
-{{- end -}}
-{{- toJson $p -}}
 {{- end -}}
 
 {{/*
@@ -154,13 +186,16 @@ The preset decides unless values override; the chart needs these keys spelled ou
 
 {{/*
 Substitute ${trainer.<key>} references of a preset path with the preset's trainer values (the only interpolation
-the presets use). Usage: include "dapo.trainerPath" (dict "path" $s "trainer" $trainer)
+the presets use), like dapo.config.chain.resolve_trainer_refs. Usage: include "dapo.trainerPath" (dict "path" $s "trainer" $trainer)
 */}}
 {{- define "dapo.trainerPath" -}}
 {{- $s := .path -}}
 {{- range $k, $v := .trainer -}}
 {{- if or (kindIs "string" $v) (kindIs "float64" $v) (kindIs "int" $v) (kindIs "int64" $v) -}}
-{{- $s = replace (printf "${trainer.%s}" $k) (toString $v) $s -}}
+{{- $str := toString $v -}}
+{{- /* a whole number as an integer (toString would print 1000000 as 1e+06), like dapo.util.gofmt.go_string */ -}}
+{{- if and (kindIs "float64" $v) (eq $v (floor $v)) (lt $v 1e21) (gt $v -1e21) -}}{{- $str = printf "%.0f" $v -}}{{- end -}}
+{{- $s = replace (printf "${trainer.%s}" $k) $str $s -}}
 {{- end -}}
 {{- end -}}
 {{- if contains "${" $s -}}

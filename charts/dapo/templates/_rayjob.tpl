@@ -41,11 +41,11 @@ metadata:
   labels:
     {{- include "dapo.labels" (dict "root" $root "component" .kind) | nindent 4 }}
     {{- if eq $v.queue.scheduler "kueue" }}
-    kueue.x-k8s.io/queue-name: {{ $v.queue.name }}
+    kueue.x-k8s.io/queue-name: {{ $v.queue.name | quote }}
     {{- else if eq $v.queue.scheduler "volcano" }}
-    volcano.sh/queue-name: {{ $v.queue.name }}
+    volcano.sh/queue-name: {{ $v.queue.name | quote }}
     {{- else if eq $v.queue.scheduler "kai" }}
-    kai.scheduler/queue: {{ $v.queue.name }}
+    kai.scheduler/queue: {{ $v.queue.name | quote }}
     {{- end }}
 spec:
   entrypoint: {{ .entrypoint | quote }}
@@ -149,7 +149,7 @@ submitterPodTemplate:
       - name: ray-job-submitter
         image: {{ .image }}
         imagePullPolicy: {{ $v.image.pullPolicy }}
-        # the Ray CLI's submit and log follow write no file (an HTTP client; docs/deploy.md)
+        # the Ray CLI's submit and log follow write no file (an HTTP client; docs/security.md)
         securityContext:
           {{- include "dapo.restrictedContainer" . | nindent 10 }}
           readOnlyRootFilesystem: true

@@ -153,6 +153,15 @@ class LocalBackend(Generation, PolicyUpdate, Backend):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    def weights_finite(self) -> bool:
+        """Every parameter finite (one reduction per tensor, on the model's device)."""
+        with torch.no_grad():
+            return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+
+    def checkpoint_bytes(self) -> int:
+        """The weights and AdamW's two moments (same dtype as the weights), as :meth:`save_checkpoint` writes."""
+        return 3 * sum(p.numel() * p.element_size() for p in self.model.parameters())
+
     def encode_prompt(self, row: dict[str, Any]) -> list[int]:
         """Chat-templated prompt ids of a DAPO-schema row (``row[prompt_key]`` is the chat list), truncated per
         ``recipe.data.truncation`` to ``max_prompt_length``."""

@@ -80,7 +80,8 @@ def run(preset, args) -> int:
         flush=True,
     )
     loop = DAPOLoop(
-        preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False)
+        preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False),
+        ending=getattr(args, "attempt_end", None), watchdog=getattr(args, "watchdog", None),
     )
     try:
         return loop.fit()

@@ -14,6 +14,9 @@ The backend:
 - :mod:`dapo.backends.verl.workers`: the GPU side -- the ``VerlWorkers`` seam and ``RayWorkers``, verl's worker groups.
 - :mod:`dapo.backends.verl.backend`: ``VerlBackend``, verl's trainer methods and data path under our loop.
 - :mod:`dapo.backends.verl.fit_metrics`: the metrics verl's ``fit()`` logs, by verl's own functions on our batch.
+- :mod:`dapo.backends.verl.worker_hooks`: what every Ray worker does for the run's reliability (the process-group
+  timeout from verl's key, stacks on request, the compute probe, the flight recorder); :mod:`dapo.backends.verl.ranks`
+  the driver's side of it (per-rank metrics, slow ranks, silent ranks on a stall).
 - :mod:`dapo.backends.verl.run`: the ``dapo train`` entrypoint for ``placement.backend: verl``.
 - :mod:`dapo.backends.verl.fabric`: ``--fabric-check`` on the run's Ray cluster (one actor per GPU, before verl's
   workers start).

@@ -375,5 +375,20 @@ class VerlBackend(Backend):
             self.step = int(kv.get("step", self.step))
             self._next_gid = int(kv.get("next_gid", self._next_gid))
 
+    # -- the ranks (dapo.backends.verl.ranks; set by dapo.backends.verl.run) ----------------------------------------
+    ranks: Any = None
+
+    def rank_metrics(self, step: int) -> dict[str, float]:
+        return self.ranks.probe(step) if self.ranks is not None else {}
+
+    def request_stacks(self, dest: Any, header: str) -> list[dict[str, Any]]:
+        return self.ranks.stacks(dest, header) if self.ranks is not None else []
+
+    def node_of(self, pid: Optional[int]) -> Optional[dict[str, Any]]:
+        return self.ranks.node_of(pid) if self.ranks is not None else None
+
+    def suspect_nodes(self) -> list[dict[str, Any]]:
+        return self.ranks.suspects() if self.ranks is not None else []
+
     def close(self) -> None:
         self.workers.close()

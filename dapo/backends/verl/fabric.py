@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from dapo.train import fabric, fabric_verdict
 
-__all__ = ["run_check", "nccl_debug_env", "check", "gate", "placement_shortfall", "FabricMeasurementError",
+__all__ = ["run_check", "report_of", "nccl_debug_env", "check", "gate", "placement_shortfall", "FabricMeasurementError",
            "FabricPlacementError"]
 
 # the all-reduce sweep takes seconds on a healthy fabric and tens of seconds on TCP; NCCL on a broken one can wait on
@@ -94,6 +94,8 @@ class _Rank:
         import socket
         import tempfile
 
+        import ray
+
         log_dir = tempfile.mkdtemp(prefix="dapo-fabric-")
         os.environ.update(nccl_debug_env(dict(os.environ), os.path.join(log_dir, "nccl.%h.%p.log")))
         # no teardown: run_check kills this actor once every rank has answered, and a teardown that aborted would
@@ -103,7 +105,8 @@ class _Rank:
         for path in sorted(glob.glob(os.path.join(log_dir, "nccl.*"))):
             with open(path, errors="replace") as f:
                 lines += [ln.rstrip("\n") for ln in f if "NET" in ln or "Using network" in ln]
-        return {"rank": rank, "host": socket.gethostname(), "sizes": rows, "nccl_lines": lines}
+        return {"rank": rank, "host": socket.gethostname(), "ray_node": ray.get_runtime_context().get_node_id(),
+                "sizes": rows, "nccl_lines": lines}
 
 
 def run_check(nodes: int, gpus_per_node: int, *, backend: str = "nccl", sizes: Optional[list[int]] = None,
@@ -140,10 +143,19 @@ def run_check(nodes: int, gpus_per_node: int, *, backend: str = "nccl", sizes: O
         for a in actors:
             ray.kill(a)
         remove_placement_group(pg)
+    return report_of(results, backend)
+
+
+def report_of(results: list[dict[str, Any]], backend: str) -> dict[str, Any]:
+    """The check's report from every rank's answer (:meth:`_Rank.run`: rank, host, ray_node, sizes, nccl_lines, in
+    rank order): world (the ranks), nodes (the distinct hosts they ran on), hosts, ray_nodes (the distinct Ray nodes:
+    one per pod on Kubernetes, several per host on a loopback cluster), backend, sizes (rank 0's rows), transport
+    (read from all ranks' NCCL lines; gloo: :data:`dapo.train.fabric.GLOO_TRANSPORT`)."""
     lines = [ln for r in results for ln in r["nccl_lines"]]
     hosts = sorted({r["host"] for r in results})
     transport = fabric.read_transport(lines) if backend == "nccl" else dict(fabric.GLOO_TRANSPORT)
-    return {"world": world, "nodes": len(hosts), "hosts": hosts, "backend": backend,
+    return {"world": len(results), "nodes": len(hosts), "hosts": hosts,
+            "ray_nodes": len({r["ray_node"] for r in results}), "backend": backend,
             "sizes": results[0]["sizes"], "transport": transport}
 
 

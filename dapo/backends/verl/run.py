@@ -14,7 +14,6 @@ resumed run by its resume step.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -22,7 +21,7 @@ from typing import Any, Optional
 from dapo.backends.verl.backend import VerlBackend
 from dapo.backends.verl.settings import CPU_ACCELERATOR, CPU_ENV
 from dapo.backends.verl.workers import RayWorkers
-from dapo.config import ConfigError, Preset
+from dapo.config import ConfigError, Preset, run_dir
 from dapo.data.files import read_rows
 
 __all__ = ["describe", "run", "prepare", "connect", "on_this_machine", "resume_step", "reseed_rollout_for_resume"]
@@ -70,6 +69,8 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     from dapo.train.loop import DAPOLoop
 
     cfg = resolved.cfg
+    ending = getattr(args, "attempt_end", None)
+    attempt = ending.attempt if ending is not None else None
     wandb_extra: dict[str, Any] = {}
     if getattr(args, "fabric_check", None):  # first, before any model or data is touched
         from dapo.backends.verl.fabric import gate
@@ -77,14 +78,14 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
 
         passed, wandb_extra = gate(preset, args.fabric_check, getattr(args, "fabric_min_busbw", None),
                                    getattr(args, "fabric_recheck", None) or "", environ,
-                                   str(cfg.trainer.default_local_dir), lambda: connect(cfg, environ),
+                                   str(cfg.trainer.default_local_dir), lambda: connect(cfg, environ, attempt),
                                    log=lambda m: print(m, flush=True),
                                    placement_timeout=getattr(args, "fabric_placement_timeout", PLACEMENT_TIMEOUT_S))
         if not passed:
             print(f"dapo train: the fabric check did not pass; nothing trained (exit code {EXIT_FABRIC})", flush=True)
             return EXIT_FABRIC
     else:
-        connect(cfg, environ)
+        connect(cfg, environ, attempt)
     on_this_machine(given, build=True)  # builds builtin:tiny's model and task where `preset` points
     train_rows = read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
     val_rows = read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
@@ -93,7 +94,13 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
     reseed_rollout_for_resume(cfg, resume_step(preset, run_dir))
     workers = RayWorkers(cfg, total_steps, verl_agreement=preset.recipe.reward.verl_agreement)
     backend = VerlBackend(cfg, preset, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
-    loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False))
+    if attempt is not None:
+        from dapo.backends.verl.ranks import RankWatch
+
+        backend.ranks = RankWatch(run_dir, attempt, backend.n_gpus, preset.recipe.trainer.watchdog,
+                                  log=lambda m: print(m, flush=True))
+    loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False),
+                    ending=getattr(args, "attempt_end", None), watchdog=getattr(args, "watchdog", None))
     loop.wandb_extra = wandb_extra
     try:
         return int(loop.fit() or 0)
@@ -114,14 +121,21 @@ def prepare(preset: Preset, build: bool = True) -> Preset:
     return preset
 
 
-def connect(cfg: Any, environ: dict[str, str]) -> None:
+def connect(cfg: Any, environ: dict[str, str], attempt: Optional[int] = None) -> None:
     """Join (or start) the Ray cluster with the run's runtime env -- computed against ``environ``, the job's own
-    environment from before this process changed it -- and register the DAPO loss in the driver too."""
+    environment from before this process changed it -- and register the DAPO loss in the driver too. With
+    ``attempt``, the workers also get the attempt's hooks (:func:`dapo.backends.verl.worker_hooks.env_for`: the
+    process-group timeout from ``actor_rollout_ref.nccl_timeout``, stacks on request, the flight recorder)."""
     import ray
 
     from dapo.backends.verl import config as verl_config
+    from dapo.backends.verl.worker_hooks import env_for
 
     env = verl_config.runtime_env(cfg, environ)
+    if attempt is not None:
+        timeout = cfg.actor_rollout_ref.get("nccl_timeout")
+        hooks = env_for(str(cfg.trainer.default_local_dir), attempt, timeout, os.getpid())
+        env["env_vars"] = {**env.get("env_vars", {}), **{k: v for k, v in hooks.items() if k not in environ}}
     os.environ.update({k: str(v) for k, v in env.get("env_vars", {}).items()})
     if not ray.is_initialized():
         ray.init(runtime_env=env, **ray_init_kwargs(cfg, environ))
@@ -129,16 +143,9 @@ def connect(cfg: Any, environ: dict[str, str]) -> None:
 
 
 def run_dir_of(preset: Preset) -> str:
-    """``recipe.trainer.default_local_dir`` with its ``${trainer.*}`` references resolved (as verl resolves them) and
-    made absolute: the driver and every worker (whose working directories differ) write checkpoints there."""
-    from omegaconf import OmegaConf
-
-    trainer = dataclasses.asdict(preset.recipe.trainer)
-    try:
-        path = OmegaConf.create({"trainer": trainer}).trainer.default_local_dir
-    except Exception as exc:  # an interpolation naming a key trainer.* does not have
-        raise ConfigError(f"recipe.trainer.default_local_dir ({trainer['default_local_dir']!r}): {exc}") from exc
-    return os.path.abspath(str(path))
+    """``recipe.trainer.default_local_dir`` with its ``${trainer.*}`` references resolved (:func:`dapo.config.run_dir`)
+    and made absolute: the driver and every worker (whose working directories differ) write checkpoints there."""
+    return os.path.abspath(run_dir(preset))
 
 
 def on_this_machine(preset: Preset, build: bool) -> Preset:

@@ -22,6 +22,9 @@ from dapo.config import ConfigError, Preset
 # The module that registers our policy losses in verl's registry; Ray workers import it through
 # VERL_USE_EXTERNAL_MODULES (verl/__init__.py imports the listed modules in every process).
 LOSS_MODULE = "dapo.backends.verl.loss"
+# What every Ray worker of a run does for its reliability (the process-group timeout, stacks on request, the
+# compute probe), imported the same way, after the loss.
+HOOKS_MODULE = "dapo.backends.verl.worker_hooks"
 # The CPU platform (dapo.backends.verl.cpu): the vLLM worker extension of patch 2 (VERL_PLATFORM: CPU_PLATFORM).
 CPU_VLLM_EXTENSION = "dapo.backends.verl.cpu.vllm_worker.CPUReloadWorkerExtension"
 # What verl's checkpoint manager writes at every save (checkpoint.save_contents): FSDP model shards, optimizer,
@@ -218,10 +221,11 @@ def settings(preset: Preset) -> list[Setting]:
             put(key, value, f"fixed: verl on CPU (placement.accelerator: cpu) -- {why}", append)
         cpu_env = CPU_ENV
     # every training process (Ray runtime env): the preset's env + our loss registration (+ the CPU platform's)
-    env = {**cpu_env, **p.env, "VERL_USE_EXTERNAL_MODULES": LOSS_MODULE}
+    env = {**cpu_env, **p.env, "VERL_USE_EXTERNAL_MODULES": f"{LOSS_MODULE},{HOOKS_MODULE}"}
     for k, v in env.items():
-        src = ("fixed: registers the DAPO loss in Ray workers" if k == "VERL_USE_EXTERNAL_MODULES"
-               else f"placement.env.{k}" if k in p.env else "fixed: verl on CPU (placement.accelerator: cpu)")
+        src = ("fixed: registers the DAPO loss and the reliability hooks in Ray workers"
+               if k == "VERL_USE_EXTERNAL_MODULES" else f"placement.env.{k}" if k in p.env
+               else "fixed: verl on CPU (placement.accelerator: cpu)")
         put(f"ray_kwargs.ray_init.runtime_env.env_vars.{k}", str(v), src, True)
     return out
 
