@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from dapo.train.attempts import FAILURES_FILE as FILE
 from dapo.train.attempts import read_json, write_json
-
-FILE = "failures.json"
 
 
 @dataclass(frozen=True)

@@ -28,16 +28,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from dapo.train.attempts import read_end
+from dapo.train.attempts import evidence_dir, read_end
 from dapo.train.runlog import attempt_numbers
 
 RAY_LOGS = Path("/tmp/ray/session_latest/logs")
 CHUNK = 1 << 20
-
-
-def evidence_dir(run_dir: Path | str, attempt: int) -> Path:
-    """Where attempt N's evidence is: its driver's stacks and dumps, and one directory per Ray pod."""
-    return Path(run_dir) / "evidence" / f"attempt-{int(attempt)}"
 
 
 def _tail(src: Path, dest: Path, size: int, keep: int) -> None:
