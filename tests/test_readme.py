@@ -175,6 +175,8 @@ def test_the_readmes_make_train_time_is_the_measured_one():
     tiny = (ROOT / "docs" / "tiny.md").read_text()
     m, s = map(int, re.search(r"\| wall time, whole run \(.*?\) \| (\d+) min (\d+) s \|", tiny).groups())
     quoted = float(re.search(r"make train .*?~([\d.]+) min on 2 cores once \.venv exists", README).group(1))
+    before, after = re.search(r"before RL ([\d.]+) -> after RL ([\d.]+)", README).groups()
+    assert f"before RL {before} -> after RL {after}" in tiny, "the README quotes another run than docs/tiny.md's"
     assert abs(quoted * 60 - (60 * m + s)) <= 15, (quoted, m, s)
     for path in ("Makefile", "dapo/presets/tiny.yaml"):
         text = (ROOT / path).read_text()
