@@ -150,19 +150,44 @@ def test_7b_raises_the_model_context_that_the_base_model_ships_too_short():
         verl_config.resolve(p)
 
 
-def test_hydra_overrides_are_what_verl_main_ppo_takes():
-    ov = verl_settings.hydra_overrides(load_preset("7b"))
-    assert "+actor_rollout_ref.model.override_config.max_position_embeddings=32768" in ov
-    assert "+reward.reward_kwargs.overlong_buffer_cfg.len=4096" in ov
-    assert "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_USE_V1='1'" in ov
-    assert "data.train_files=[/shared/data/dapo-math-17k.parquet]" in ov
+def _hydra_text(value) -> str:
+    """A value as a Hydra command-line override value (what `python -m verl.trainer.main_ppo KEY=VALUE` takes)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ",".join(_hydra_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_hydra_text(v)}" for k, v in value.items()) + "}"
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def test_fast_composition_equals_a_full_hydra_compose():
-    ov = verl_settings.hydra_overrides(load_preset("7b")) + ["trainer.log_val_generations=3"]
-    fast = OmegaConf.to_container(verl_config.compose(ov), resolve=True)
-    full = OmegaConf.to_container(verl_config._hydra_compose(ov), resolve=True)
-    assert fast == full
+@pytest.mark.parametrize("name", ["full", "early", "7b", "smoke", "verl-tiny"])
+def test_the_typed_merge_equals_verls_own_command_line_composition(name):
+    # the reference: Hydra composes verl's ppo_trainer from the same values written as main_ppo's command line
+    preset = load_preset(name)
+    r = verl_config.resolve(preset, ["actor_rollout_ref.rollout.max_num_seqs=512"])
+    line = [f"{'+' if s.append else ''}{s.key}={_hydra_text(s.value)}" for s in r.settings]
+    hydra = verl_config.compose(line + ["actor_rollout_ref.rollout.max_num_seqs=512"])
+    assert OmegaConf.to_container(r.cfg, resolve=True) == OmegaConf.to_container(hydra, resolve=True)
+    assert r.cfg.actor_rollout_ref.rollout.max_num_seqs == 512  # a recipe constant the user set is the user's
+
+
+def test_the_preset_reaches_verl_as_typed_values():
+    preset = load_preset("7b", ['recipe.trainer.experiment_name="007"', "recipe.actor.optim.lr=1e-6",
+                                "placement.env.NCCL_DEBUG=INFO"])
+    r = verl_config.resolve(preset)
+    assert r.cfg.trainer.experiment_name == "007" and r.cfg.actor_rollout_ref.actor.optim.lr == 1e-6
+    interpolated = [row.key for row in r.settings if isinstance(row.value, str) and "${" in row.value]
+    assert interpolated == ["trainer.default_local_dir"]  # resolved before verl sees it in `dapo train`
+    for row in r.settings:
+        if row.key not in interpolated:
+            got = OmegaConf.select(r.cfg, row.key)
+            got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+            assert got == row.value and type(got) is type(row.value), (row.key, got, row.value)
 
 
 def test_token_mean_scope_microbatch_selects_the_reference_loss(resolved):

@@ -425,7 +425,8 @@ def test_the_dapo_loop_runs_and_resumes_on_the_verl_backend_over_the_stand_in(se
 
 def test_a_resumed_run_seeds_the_rollout_engines_by_the_resume_step(setup, tmp_path):
     from dapo.train import checkpoint as ckpt
-    from dapo.backends.verl.run import reseed_rollout_for_resume, resume_step
+    from dapo.backends.verl.config import resume_seed
+    from dapo.backends.verl.run import resume_step
 
     preset, cfg = setup
     assert resume_step(preset, str(tmp_path)) == 0  # nothing to resume
@@ -434,8 +435,11 @@ def test_a_resumed_run_seeds_the_rollout_engines_by_the_resume_step(setup, tmp_p
     assert resume_step(load_preset("smoke", SMALL + ["recipe.trainer.resume_mode=disable"]), str(tmp_path)) == 0
     c = OmegaConf.create(OmegaConf.to_container(cfg))
     base = int(c.actor_rollout_ref.rollout.seed)
-    assert reseed_rollout_for_resume(c, 0) is None and c.actor_rollout_ref.rollout.seed == base
-    assert reseed_rollout_for_resume(c, 7) == base + 7 == c.actor_rollout_ref.rollout.seed
+    assert resume_seed(c, 7) == base + 7 == c.actor_rollout_ref.rollout.seed
+    # resolve() seeds before verl validates: the config printed is the one the engines get
+    resumed = verl_config.resolve(preset, resume_step=7)
+    assert resumed.cfg.actor_rollout_ref.rollout.seed == base + 7 and "resumed at step 7" in " ".join(resumed.notes)
+    assert verl_config.resolve(preset).cfg.actor_rollout_ref.rollout.seed == base
 
 
 def test_greedy_validation_reaches_the_agent_loop_as_temperature_zero(tmp_path):

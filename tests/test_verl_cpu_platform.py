@@ -148,19 +148,19 @@ def test_the_run_dir_is_absolute_and_builtin_tiny_points_at_the_built_assets(tmp
     """The driver and the workers have different working directories: verl's workers write the checkpoint shards to
     the path the driver passes, so a relative run dir would scatter them. builtin:tiny becomes the assets'
     policy/ and data files (where --dry-run says they would be built)."""
-    from dapo.backends.verl.run import on_this_machine
+    from dapo.backends.verl.run import on_this_machine, run_dir_of
     from dapo.tiny.assets import layout
 
     monkeypatch.chdir(tmp_path)
     preset = load_preset("verl-tiny")
-    out = on_this_machine(preset, build=False)
+    out = on_this_machine(preset, run_dir_of(preset), build=False)
     assert out.recipe.trainer.default_local_dir == str(tmp_path / "runs" / "verl-tiny")
     where = layout(preset.local, tmp_path / "runs" / "verl-tiny" / "assets")
     assert out.recipe.model.path == out.recipe.model.tokenizer_path == str(where.policy_dir)
     assert out.recipe.data.train_files == [str(where.train_file)]
     assert preset.recipe.model.path == "builtin:tiny"  # the caller's preset is left alone
     interp = load_preset("smoke", ["recipe.trainer.default_local_dir=ckpts/${trainer.project_name}"])
-    resolved = on_this_machine(interp, build=False).recipe.trainer.default_local_dir
+    resolved = on_this_machine(interp, run_dir_of(interp), build=False).recipe.trainer.default_local_dir
     assert resolved == str(tmp_path / "ckpts" / "DAPO-smoke")
 
 

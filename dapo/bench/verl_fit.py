@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     environ = dict(os.environ)
     preset = load_preset(args.preset, [*args.overrides, *FIT_ONLY, f"recipe.trainer.total_training_steps={steps}",
                                        f"recipe.trainer.default_local_dir={run_dir}"])
-    preset = prepare(preset)
+    preset = prepare(preset, str(run_dir))
     cfg = verl_config.resolve(preset).cfg
     fit_log = run_dir / "verl-fit.jsonl"
     run_dir.mkdir(parents=True, exist_ok=True)

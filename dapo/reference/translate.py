@@ -3,8 +3,11 @@
 The reference runs (AIME-2024 44 / 50) were ``python3 -m recipe.dapo.src.main_dapo KEY=VALUE ...`` at verl commit
 :data:`REFERENCE_COMMIT`, submitted with ``recipe/dapo/runtime_env.yaml``. :func:`translate` writes a preset
 (:mod:`dapo.config`, the one source of hyperparameters) as that command's Hydra arguments, in that commit's key
-names (the rename table of docs/fidelity.md read in reverse: ``actor.optim.clip_grad`` -> ``actor.grad_clip``,
-``reward.*`` -> ``reward_model.overlong_buffer.*``, ...) and in the order of ``recipe/dapo/run_dapo_qwen2.5_32b.sh``.
+names and in the order of ``recipe/dapo/run_dapo_qwen2.5_32b.sh``. The values and the preset keys they come from are
+the verl 0.9.1 table's (:func:`dapo.backends.verl.settings.settings`), taken under the same key where the two commits
+agree and under the key 0.9.1 renamed it to where they do not (``reward.reward_manager.name`` ->
+``reward_model.reward_manager``, ``reward.reward_kwargs.overlong_buffer_cfg.*`` -> ``reward_model.overlong_buffer.*``:
+:data:`SCRIPT_ARGS_AFTER_FILTERING`).
 
 Every leaf key of a preset is handled in exactly one way (tests enumerate them):
 
@@ -167,11 +170,13 @@ def translate(preset: Preset) -> Translation:
 
     In order: what the reference stack fixes, the reference scripts' arguments in their order, the keys the scripts
     leave at the commit's default, our stack's settings."""
+    from dapo.backends.verl.settings import settings
+
     w = _Writer(preset)
     _what_the_reference_fixes(w, preset)
-    _data_algorithm_and_actor_arguments(w, preset)
-    _rollout_reward_and_trainer_arguments(w, preset)
-    _arguments_at_default(w, preset)
+    rows = {s.key: s for s in settings(preset)}
+    _script_arguments(w, rows)
+    _arguments_at_default(w, preset, rows)
     _our_settings(w, preset)
     return w.out
 
@@ -205,132 +210,84 @@ def _what_the_reference_fixes(w: _Writer, preset: Preset) -> None:
           f"{list(t.health.stop_on)} would stop the run on a health guard; the reference trainer has none")
 
 
-def _data_algorithm_and_actor_arguments(w: _Writer, preset: Preset) -> None:
-    """The reference scripts' arguments, in their order: data, advantage, KL, clipping, dynamic sampling, the actor."""
-    r, par = preset.recipe, preset.placement.parallel
-    a, m, d, ro, fg = r.actor, r.model, r.data, r.rollout, r.filter_groups
-    put, not_passed = w.put, w.not_passed
-    put("data.train_files", _files(d.train_files), "recipe.data.train_files")
-    put("data.val_files", _files(d.val_files), "recipe.data.val_files")
-    put("data.prompt_key", d.prompt_key, "recipe.data.prompt_key")
-    put("data.truncation", d.truncation, "recipe.data.truncation")
-    put("data.max_prompt_length", d.max_prompt_length, "recipe.data.max_prompt_length")
-    put("data.max_response_length", d.max_response_length, "recipe.data.max_response_length")
-    put("data.gen_batch_size", d.gen_batch_size if d.gen_batch_size is not None else d.train_batch_size,
-        "recipe.data.gen_batch_size")
-    put("data.train_batch_size", d.train_batch_size, "recipe.data.train_batch_size")
-    put("actor_rollout_ref.rollout.n", ro.n, "recipe.rollout.n")
-    put("algorithm.adv_estimator", r.algorithm.adv_estimator, "recipe.algorithm.adv_estimator")
-    put("algorithm.use_kl_in_reward", r.algorithm.use_kl_in_reward, "recipe.algorithm.use_kl_in_reward")
-    put("algorithm.kl_ctrl.kl_coef", r.algorithm.kl_coef, "recipe.algorithm.kl_coef")
-    put("actor_rollout_ref.actor.use_kl_loss", a.use_kl_loss, "recipe.actor.use_kl_loss")
-    put("actor_rollout_ref.actor.kl_loss_coef", a.kl_loss_coef, "recipe.actor.kl_loss_coef")
-    put("actor_rollout_ref.actor.clip_ratio_low", a.clip_ratio_low, "recipe.actor.clip_ratio_low")
-    put("actor_rollout_ref.actor.clip_ratio_high", a.clip_ratio_high, "recipe.actor.clip_ratio_high")
-    put("actor_rollout_ref.actor.clip_ratio_c", a.clip_ratio_c, "recipe.actor.clip_ratio_c")
-    put("algorithm.filter_groups.enable", fg.enable, "recipe.filter_groups.enable")
+# The reference scripts' arguments, in their order. Each takes its value and its preset key from the verl 0.9.1 table
+# (dapo.backends.verl.settings) under the same key, or -- (4f80e46 key, 0.9.1 key) -- under the key 0.9.1 renamed it to.
+AR, ACTOR, REF, ROLLOUT = "actor_rollout_ref", "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout"
+SCRIPT_ARGS_BEFORE_FILTERING = [
+    "data.train_files", "data.val_files", "data.prompt_key", "data.truncation", "data.max_prompt_length",
+    "data.max_response_length", "data.gen_batch_size", "data.train_batch_size", f"{ROLLOUT}.n",
+    "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "algorithm.kl_ctrl.kl_coef", f"{ACTOR}.use_kl_loss",
+    f"{ACTOR}.kl_loss_coef", f"{ACTOR}.clip_ratio_low", f"{ACTOR}.clip_ratio_high", f"{ACTOR}.clip_ratio_c",
+    "algorithm.filter_groups.enable",
+]
+FILTERING_ARGS = ["algorithm.filter_groups.max_num_gen_batches", "algorithm.filter_groups.metric"]
+SCRIPT_ARGS_AFTER_FILTERING = [
+    f"{AR}.model.use_remove_padding", f"{ACTOR}.use_dynamic_bsz", f"{REF}.log_prob_use_dynamic_bsz",
+    f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu", f"{REF}.log_prob_max_token_len_per_gpu",
+    f"{ROLLOUT}.log_prob_max_token_len_per_gpu", f"{AR}.model.path", f"{AR}.model.enable_gradient_checkpointing",
+    f"{ACTOR}.optim.lr", f"{ACTOR}.optim.lr_warmup_steps", f"{ACTOR}.optim.weight_decay", f"{ACTOR}.ppo_mini_batch_size",
+    f"{ACTOR}.fsdp_config.param_offload", f"{ACTOR}.fsdp_config.optimizer_offload", f"{ACTOR}.entropy_coeff",
+    f"{ACTOR}.grad_clip", f"{ACTOR}.loss_agg_mode", f"{ACTOR}.ulysses_sequence_parallel_size",
+    f"{ROLLOUT}.gpu_memory_utilization", f"{ROLLOUT}.tensor_model_parallel_size", f"{ROLLOUT}.enable_chunked_prefill",
+    f"{ROLLOUT}.max_num_batched_tokens", f"{ROLLOUT}.temperature", f"{ROLLOUT}.top_p", f"{ROLLOUT}.top_k",
+    *(f"{ROLLOUT}.val_kwargs.{k}" for k in ("temperature", "top_p", "top_k", "do_sample", "n")),
+    f"{REF}.fsdp_config.param_offload", f"{REF}.ulysses_sequence_parallel_size", f"{ACTOR}.fsdp_config.fsdp_size",
+    ("reward_model.reward_manager", "reward.reward_manager.name"),
+    *((f"reward_model.overlong_buffer.{k}", f"reward.reward_kwargs.overlong_buffer_cfg.{k}")
+      for k in ("enable", "len", "penalty_factor")),
+    "trainer.logger", "trainer.project_name", "trainer.experiment_name", "trainer.n_gpus_per_node", "trainer.nnodes",
+    "trainer.val_before_train", "trainer.test_freq", "trainer.save_freq", "trainer.total_epochs",
+    "trainer.default_local_dir", "trainer.resume_mode",
+]
+# 4f80e46 values that differ from the 0.9.1 row: one file as a plain string (the scripts pass one path, RLHFDataset
+# takes either), the run directory resolved, and validation's own temperature (0.9.1 writes greedy as temperature 0;
+# 4f80e46 reads do_sample, which the scripts pass too)
+_ADAPT = {
+    "data.train_files": lambda row, p: _files(row.value),
+    "data.val_files": lambda row, p: _files(row.value),
+    "trainer.default_local_dir": lambda row, p: _resolve_trainer(row.value, p.recipe.trainer),
+    f"{ROLLOUT}.val_kwargs.temperature": lambda row, p: p.recipe.rollout.val.temperature,
+}
+_ADAPT_SOURCE = {f"{ROLLOUT}.val_kwargs.temperature": "recipe.rollout.val.temperature"}
+
+
+def _put_rows(w: _Writer, rows: dict[str, Any], keys: list) -> None:
+    """Pass each 4f80e46 key of ``keys`` with the value and preset key of its 0.9.1 row."""
+    for entry in keys:
+        key, verl_key = entry if isinstance(entry, tuple) else (entry, entry)
+        row = rows[verl_key]
+        value = _ADAPT[key](row, w.preset) if key in _ADAPT else row.value
+        w.put(key, value, _ADAPT_SOURCE.get(key, row.source))
+
+
+def _script_arguments(w: _Writer, rows: dict[str, Any]) -> None:
+    """The reference scripts' arguments, in their order (filtering's own two only with filtering on)."""
+    fg = w.preset.recipe.filter_groups
+    _put_rows(w, rows, SCRIPT_ARGS_BEFORE_FILTERING)
     if fg.enable:
-        put("algorithm.filter_groups.max_num_gen_batches", fg.max_num_gen_batches,
-            "recipe.filter_groups.max_num_gen_batches")
-        put("algorithm.filter_groups.metric", fg.metric, "recipe.filter_groups.metric")
+        _put_rows(w, rows, FILTERING_ARGS)
     else:
         why = "the reference trainer reads it only when algorithm.filter_groups.enable is true"
-        not_passed("recipe.filter_groups.max_num_gen_batches", fg.max_num_gen_batches, why)
-        not_passed("recipe.filter_groups.metric", fg.metric, why)
-    put("actor_rollout_ref.model.use_remove_padding", m.use_remove_padding, "recipe.model.use_remove_padding")
-    put("actor_rollout_ref.actor.use_dynamic_bsz", par.use_dynamic_bsz, "placement.parallel.use_dynamic_bsz")
-    put("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", par.use_dynamic_bsz, "placement.parallel.use_dynamic_bsz")
-    put("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", par.use_dynamic_bsz,
-        "placement.parallel.use_dynamic_bsz")
-    infer_len = par.log_prob_max_token_len_per_gpu or par.ppo_max_token_len_per_gpu
-    put("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", par.ppo_max_token_len_per_gpu,
-        "placement.parallel.ppo_max_token_len_per_gpu")
-    put("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", infer_len,
-        "placement.parallel.log_prob_max_token_len_per_gpu")
-    put("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", infer_len,
-        "placement.parallel.log_prob_max_token_len_per_gpu")
-    put("actor_rollout_ref.model.path", m.path, "recipe.model.path")
-    put("actor_rollout_ref.model.enable_gradient_checkpointing", m.enable_gradient_checkpointing,
-        "recipe.model.enable_gradient_checkpointing")
-    put("actor_rollout_ref.actor.optim.lr", a.optim.lr, "recipe.actor.optim.lr")
-    put("actor_rollout_ref.actor.optim.lr_warmup_steps", a.optim.lr_warmup_steps, "recipe.actor.optim.lr_warmup_steps")
-    put("actor_rollout_ref.actor.optim.weight_decay", a.optim.weight_decay, "recipe.actor.optim.weight_decay")
-    put("actor_rollout_ref.actor.ppo_mini_batch_size", a.ppo_mini_batch_size, "recipe.actor.ppo_mini_batch_size")
-    put("actor_rollout_ref.actor.fsdp_config.param_offload", par.param_offload, "placement.parallel.param_offload")
-    put("actor_rollout_ref.actor.fsdp_config.optimizer_offload", par.optimizer_offload,
-        "placement.parallel.optimizer_offload")
-    put("actor_rollout_ref.actor.entropy_coeff", a.entropy_coeff, "recipe.actor.entropy_coeff")
-    put("actor_rollout_ref.actor.grad_clip", a.optim.clip_grad, "recipe.actor.optim.clip_grad")
-    put("actor_rollout_ref.actor.loss_agg_mode", a.loss_agg_mode, "recipe.actor.loss_agg_mode")
-    put("actor_rollout_ref.actor.ulysses_sequence_parallel_size", par.ulysses_sp, "placement.parallel.ulysses_sp")
+        w.not_passed("recipe.filter_groups.max_num_gen_batches", fg.max_num_gen_batches, why)
+        w.not_passed("recipe.filter_groups.metric", fg.metric, why)
+    _put_rows(w, rows, SCRIPT_ARGS_AFTER_FILTERING)
 
 
-def _rollout_reward_and_trainer_arguments(w: _Writer, preset: Preset) -> None:
-    """The reference scripts' arguments, in their order: the rollout, the reference policy, reward, trainer."""
-    r, p = preset.recipe, preset.placement
-    par, ro, t = p.parallel, r.rollout, r.trainer
-    put = w.put
-    put("actor_rollout_ref.rollout.gpu_memory_utilization", par.gpu_memory_utilization,
-        "placement.parallel.gpu_memory_utilization")
-    put("actor_rollout_ref.rollout.tensor_model_parallel_size", par.rollout_tp, "placement.parallel.rollout_tp")
-    put("actor_rollout_ref.rollout.enable_chunked_prefill", par.enable_chunked_prefill,
-        "placement.parallel.enable_chunked_prefill")
-    put("actor_rollout_ref.rollout.max_num_batched_tokens", par.max_num_batched_tokens,
-        "placement.parallel.max_num_batched_tokens")
-    put("actor_rollout_ref.rollout.temperature", ro.temperature, "recipe.rollout.temperature")
-    put("actor_rollout_ref.rollout.top_p", ro.top_p, "recipe.rollout.top_p")
-    put("actor_rollout_ref.rollout.top_k", ro.top_k, "recipe.rollout.top_k")
-    for k in ("temperature", "top_p", "top_k", "do_sample", "n"):
-        put(f"actor_rollout_ref.rollout.val_kwargs.{k}", getattr(ro.val, k), f"recipe.rollout.val.{k}")
-    put("actor_rollout_ref.ref.fsdp_config.param_offload", par.param_offload, "placement.parallel.param_offload")
-    put("actor_rollout_ref.ref.ulysses_sequence_parallel_size", par.ulysses_sp, "placement.parallel.ulysses_sp")
-    put("actor_rollout_ref.actor.fsdp_config.fsdp_size", par.fsdp_size, "placement.parallel.fsdp_size")
-    put("reward_model.reward_manager", "dapo", "fixed: the DAPO reward manager (rule-based verifier + overlong "
-        "punishment), as the reference scripts")
-    ob = r.reward.overlong_buffer
-    put("reward_model.overlong_buffer.enable", ob.enable, "recipe.reward.overlong_buffer.enable")
-    put("reward_model.overlong_buffer.len", ob.len, "recipe.reward.overlong_buffer.len")
-    put("reward_model.overlong_buffer.penalty_factor", ob.penalty_factor,
-        "recipe.reward.overlong_buffer.penalty_factor")
-    put("trainer.logger", list(t.logger), "recipe.trainer.logger")
-    put("trainer.project_name", t.project_name, "recipe.trainer.project_name")
-    put("trainer.experiment_name", t.experiment_name, "recipe.trainer.experiment_name")
-    put("trainer.n_gpus_per_node", p.gpus_per_node, "placement.gpus_per_node")
-    put("trainer.nnodes", p.nodes, "placement.nodes")
-    put("trainer.val_before_train", t.val_before_train, "recipe.trainer.val_before_train")
-    put("trainer.test_freq", t.test_freq, "recipe.trainer.test_freq")
-    put("trainer.save_freq", t.save_freq, "recipe.trainer.save_freq")
-    put("trainer.total_epochs", t.total_epochs, "recipe.trainer.total_epochs")
-    put("trainer.default_local_dir", _resolve_trainer(t.default_local_dir, t), "recipe.trainer.default_local_dir")
-    put("trainer.resume_mode", t.resume_mode, "recipe.trainer.resume_mode")
-
-
-def _arguments_at_default(w: _Writer, preset: Preset) -> None:
+def _arguments_at_default(w: _Writer, preset: Preset, rows: dict[str, Any]) -> None:
     """Keys the scripts leave at the commit's default: written only when the preset differs."""
-    r, par = preset.recipe, preset.placement.parallel
-    a, m, d, t = r.actor, r.model, r.data, r.trainer
-    put, put_if_not_default, not_passed = w.put, w.put_if_not_default, w.not_passed
-    put_if_not_default("data.shuffle", d.shuffle, "recipe.data.shuffle")
-    put_if_not_default("data.seed", t.seed, "recipe.trainer.seed")
-    put_if_not_default("actor_rollout_ref.actor.ppo_epochs", a.ppo_epochs, "recipe.actor.ppo_epochs")
-    put_if_not_default("actor_rollout_ref.actor.optim.betas", list(a.optim.betas), "recipe.actor.optim.betas")
-    put_if_not_default("actor_rollout_ref.model.trust_remote_code", m.trust_remote_code,
-                       "recipe.model.trust_remote_code")
-    put_if_not_default("trainer.total_training_steps", t.total_training_steps, "recipe.trainer.total_training_steps")
-    # retention: the reference checkpoint manager removes the oldest actor/ directories of this attempt
-    put_if_not_default("trainer.max_actor_ckpt_to_keep", t.max_ckpt_to_keep, "recipe.trainer.max_ckpt_to_keep")
-    for k, v in sorted(m.override_config.items()):  # an empty mapping in dapo_trainer.yaml: '+' adds a key
-        put(f"actor_rollout_ref.model.override_config.{k}", v, f"recipe.model.override_config.{k}", append=True)
+    par = preset.placement.parallel
+    for key in REFERENCE_DEFAULTS:
+        w.put_if_not_default(key, rows[key].value, rows[key].source)
+    for key, row in rows.items():  # an empty mapping in dapo_trainer.yaml: '+' adds a key
+        if key.startswith(f"{AR}.model.override_config."):
+            w.put(key, row.value, row.source, append=True)
     w.out.handled.add("recipe.model.override_config")
     if par.use_dynamic_bsz:
-        not_passed("placement.parallel.ppo_micro_batch_size_per_gpu", par.ppo_micro_batch_size_per_gpu,
-                   "not read with dynamic batch sizes (placement.parallel.use_dynamic_bsz: true)")
+        w.not_passed("placement.parallel.ppo_micro_batch_size_per_gpu", par.ppo_micro_batch_size_per_gpu,
+                     "not read with dynamic batch sizes (placement.parallel.use_dynamic_bsz: true)")
     else:
-        mbs = par.ppo_micro_batch_size_per_gpu
-        for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"):
-            put(key, mbs, "placement.parallel.ppo_micro_batch_size_per_gpu")
+        _put_rows(w, rows, [f"{ACTOR}.ppo_micro_batch_size_per_gpu", f"{REF}.log_prob_micro_batch_size_per_gpu",
+                            f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"])
 
 
 def _our_settings(w: _Writer, preset: Preset) -> None:

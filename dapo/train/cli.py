@@ -80,7 +80,7 @@ def run_dir_of(preset, args: argparse.Namespace) -> Path:
     return Path(run_dir(preset))
 
 
-def _attempt(preset, args: argparse.Namespace):
+def _attempt(preset, args: argparse.Namespace, run_dir: Path):
     """This attempt's ends and watchdog (:mod:`dapo.train.ending`, :mod:`dapo.train.watchdog`), the watchdog started
     on the start-up's budget; (None, None) for ``--dry-run``."""
     if args.dry_run:
@@ -89,7 +89,6 @@ def _attempt(preset, args: argparse.Namespace):
     from dapo.train.ending import AttemptEnd
     from dapo.train.watchdog import Watchdog
 
-    run_dir = run_dir_of(preset, args)
     log = runlog.active()
     ending = AttemptEnd(run_dir, log.number if log else None, attempts.preset_key(preset.to_dict()))
     watchdog = Watchdog(preset.recipe.trainer.watchdog, run_dir, attempt=ending.attempt, on_stall=ending.stall)
@@ -97,8 +96,8 @@ def _attempt(preset, args: argparse.Namespace):
     return ending, watchdog.start()
 
 
-def _run(preset, args: argparse.Namespace, verl_overrides: list[str]) -> int:
-    ending, watchdog = _attempt(preset, args)
+def _run(preset, args: argparse.Namespace, verl_overrides: list[str], run_dir: Path) -> int:
+    ending, watchdog = _attempt(preset, args, run_dir)
     try:
         if ending is not None and (code := ending.refuse_on_verdict()) is not None:
             return code  # an earlier attempt stopped the run for good: nothing is built
@@ -106,10 +105,10 @@ def _run(preset, args: argparse.Namespace, verl_overrides: list[str]) -> int:
         if preset.placement.backend == "local":
             from dapo.backends.local.run import run as run_backend
 
-            return int(run_backend(preset, args) or 0)
+            return int(run_backend(preset, args, run_dir) or 0)
         from dapo.backends.verl.run import run as run_backend
 
-        return int(run_backend(preset, args, verl_overrides) or 0)
+        return int(run_backend(preset, args, verl_overrides, str(run_dir)) or 0)
     except ConfigError as exc:
         print(f"dapo train: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -139,15 +138,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"overrides {verl_overrides} are not preset keys (recipe./placement./local.) and the "
                 f"preset {preset.name!r} runs on the local backend, which has no verl config"
             )
-        log_dir = None if args.dry_run or args.no_attempt_log else run_dir_of(preset, args) / "logs"
+        run_dir = run_dir_of(preset, args)  # worked out once: the backend runs there, the attempt logs go there
     except ConfigError as exc:
         print(f"dapo train: configuration error: {exc}", file=sys.stderr)
         return 2
-    if log_dir is None:
-        return _run(preset, args, verl_overrides)
+    if args.dry_run or args.no_attempt_log:
+        return _run(preset, args, verl_overrides, run_dir)
     from dapo.train.runlog import run_logged
 
-    return run_logged(log_dir, lambda: _run(preset, args, verl_overrides), prog="dapo train",
+    return run_logged(run_dir / "logs", lambda: _run(preset, args, verl_overrides, run_dir), prog="dapo train",
                       header=f"dapo train --preset {args.preset} {' '.join(args.overrides)}".rstrip())
 
 

@@ -50,7 +50,7 @@ from dapo.train.generations import dump_generations, prompt_text
 from dapo.train.health import EXIT_HEALTH_STOP, EXIT_SAMPLER_EXHAUSTED, HealthGuard
 from dapo.train.step_metrics import batch_metrics, generation_metrics, timing_metrics
 from dapo.train.resume import Resumable
-from dapo.train.stream import PromptStream
+from dapo.train.stream import PromptStream, rollout_steps
 from dapo.train.validation import Validation, cpu_seconds
 from dapo.train.watchdog import Watchdog
 from dapo.reward import score_responses
@@ -84,6 +84,7 @@ class DAPOLoop(Fit, Validation, Resumable):
         log: Optional[Callable[[str], None]] = None,
         ending: Optional[AttemptEnd] = None,
         watchdog: Optional[Watchdog] = None,
+        total_steps: Optional[int] = None,
     ):
         self.preset = preset
         r = self.recipe = preset.recipe
@@ -95,15 +96,8 @@ class DAPOLoop(Fit, Validation, Resumable):
         self._log = log
         d, fg, t = r.data, r.filter_groups, r.trainer
         self.gen_batch_size = d.gen_batch_size or d.train_batch_size
-        if t.total_training_steps is not None:
-            self.total_steps = int(t.total_training_steps)
-        else:
-            per_epoch = len(train_rows) // self.gen_batch_size
-            if per_epoch < 1:
-                raise ValueError(
-                    f"{len(train_rows)} training prompts are fewer than one generation batch ({self.gen_batch_size})"
-                )
-            self.total_steps = per_epoch * t.total_epochs
+        # the caller's count when it has one (the verl backend sizes its LR schedule by it): stream.rollout_steps
+        self.total_steps = rollout_steps(r, len(train_rows)) if total_steps is None else int(total_steps)
         if self.gen_batch_size > len(train_rows):
             raise ValueError(
                 f"recipe.data.gen_batch_size ({self.gen_batch_size}) exceeds the {len(train_rows)} training prompts"

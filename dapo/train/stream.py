@@ -1,5 +1,6 @@
 """The training data's order and the process's randomness: :class:`PromptStream` (the prompts of each generation batch,
-epoch after epoch, with a resumable cursor) and :func:`configure_determinism` (seeds; deterministic torch kernels).
+epoch after epoch, with a resumable cursor), :func:`rollout_steps` (how many steps the data makes a run) and
+:func:`configure_determinism` (seeds; deterministic torch kernels).
 """
 
 from __future__ import annotations
@@ -8,7 +9,20 @@ import random
 
 import numpy as np
 
-__all__ = ["PromptStream", "configure_determinism"]
+__all__ = ["PromptStream", "configure_determinism", "rollout_steps"]
+
+
+def rollout_steps(recipe, n_train_rows: int) -> int:
+    """The run's length in rollout steps: ``recipe.trainer.total_training_steps``, else (as verl counts it)
+    ``n_train_rows // gen_batch_size`` generation batches per epoch x ``total_epochs``."""
+    t = recipe.trainer
+    if t.total_training_steps is not None:
+        return int(t.total_training_steps)
+    gen_batch_size = recipe.data.gen_batch_size or recipe.data.train_batch_size
+    per_epoch = n_train_rows // gen_batch_size
+    if per_epoch < 1:
+        raise ValueError(f"{n_train_rows} training prompts are fewer than one generation batch ({gen_batch_size})")
+    return per_epoch * t.total_epochs
 
 
 def configure_determinism(seed: int, deterministic: bool = True) -> None:

@@ -53,12 +53,13 @@ def build(preset, run_dir: Path, *, device: Optional[str] = None, assets_dir: Op
     return backend, train_rows, val_rows, info
 
 
-def run(preset, args) -> int:
-    """``dapo train`` on the local backend: build/reuse assets, then the DAPO loop. Returns the exit code."""
+def run(preset, args, run_dir: Path) -> int:
+    """``dapo train`` on the local backend in ``run_dir``: build/reuse assets, then the DAPO loop. Returns the exit
+    code."""
     from dapo.train.loop import DAPOLoop
     from dapo.train.stream import configure_determinism
 
-    run_dir = Path(getattr(args, "run_dir", None) or preset.recipe.trainer.default_local_dir)
+    run_dir = Path(run_dir)
     if getattr(args, "dry_run", False):
         import yaml
 

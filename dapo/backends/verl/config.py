@@ -1,32 +1,36 @@
-"""Preset -> verl 0.9.1 configuration: Hydra composition, the checks, verl's own validation, the Ray runtime env.
+"""Preset -> verl 0.9.1 configuration, composed once: Hydra's public compose, the preset's typed values, the checks,
+verl's own validation, the Ray runtime env.
 
-:func:`resolve` composes verl's own ``ppo_trainer`` config (``hydra.initialize_config_module("verl.trainer.config")``
-+ ``compose``) with the preset's overrides (:func:`dapo.backends.verl.settings.hydra_overrides`), applies the user's
-passthrough overrides (checked by :mod:`dapo.backends.verl.passthrough`), runs the placement checks
-(:mod:`dapo.backends.verl.placement`) and then verl's ``verl.utils.config.validate_config`` -- all before any Ray
-cluster or GPU is touched. :func:`to_yaml` prints the result; :func:`runtime_env` is the env for ``ray.init``.
+:func:`resolve` composes verl's own ``ppo_trainer`` config with Hydra's public API
+(``hydra.initialize_config_module("verl.trainer.config")`` + ``compose``), the user's passthrough overrides -- Hydra
+command-line strings by nature, checked by :mod:`dapo.backends.verl.passthrough` -- going to ``compose``. The
+preset's values (:func:`dapo.backends.verl.settings.settings`) are then merged as the typed values they are
+(OmegaConf), never written as strings and parsed back. The placement checks (:mod:`dapo.backends.verl.placement`)
+and verl's ``verl.utils.config.validate_config`` run last, on the config the workers get, before any Ray cluster or
+GPU is touched. :func:`to_yaml` prints the result; :func:`runtime_env` is the env for ``ray.init``.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from dapo.backends.verl.passthrough import check_passthrough
+from dapo.backends.verl.passthrough import check_passthrough, override_key
 from dapo.backends.verl.placement import check_placement, model_info
-from dapo.backends.verl.settings import hydra_overrides
+from dapo.backends.verl.settings import Setting, settings
 from dapo.config import ConfigError, Preset
 
 VERL_CONFIG_MODULE = "verl.trainer.config"
 VERL_CONFIG_NAME = "ppo_trainer"
 
 
-_BASE: dict[str, Any] = {}  # verl's ppo_trainer composed without overrides, and its config-group names
-
-
-def _hydra_compose(overrides: list[str], return_hydra_config: bool = False) -> Any:
+@functools.lru_cache(maxsize=16)
+def _composed(overrides: tuple[str, ...]) -> Any:
+    """verl's ``ppo_trainer`` as Hydra's public ``compose`` builds it with ``overrides``, once per process for each
+    set (a composition takes about a second; callers get a copy)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
@@ -34,7 +38,7 @@ def _hydra_compose(overrides: list[str], return_hydra_config: bool = False) -> A
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_module(VERL_CONFIG_MODULE, version_base=None):
-        return hydra_compose(VERL_CONFIG_NAME, overrides=overrides, return_hydra_config=return_hydra_config)
+        return hydra_compose(VERL_CONFIG_NAME, overrides=list(overrides))
 
 
 def _config_error(exc: Exception) -> ConfigError:
@@ -43,38 +47,39 @@ def _config_error(exc: Exception) -> ConfigError:
     return ConfigError(f"verl config: {msg}{cause}")
 
 
-def compose(overrides: list[str] | tuple[str, ...]) -> Any:
-    """verl's ``ppo_trainer`` config with ``overrides`` (Hydra errors become :class:`ConfigError`).
-
-    Hydra composes in two stages: the defaults list (config-group choices) is loaded and merged, then the root is
-    put in struct mode and the value overrides are applied (``ConfigLoaderImpl._apply_overrides_to_config``). When
-    no override selects a config group -- always the case for the preset's own overrides -- the first stage is the
-    same for every call, so it is done once per process and only the second stage runs per call, with Hydra's own
-    parser and override application (same semantics and error messages; ~20x faster than a full compose). An
-    override that selects a config group takes the full ``compose`` path.
-    """
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf, open_dict
-
-    overrides = list(overrides)
+def compose(overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """verl's ``ppo_trainer`` config with Hydra command-line ``overrides`` (Hydra errors become
+    :class:`ConfigError`)."""
     try:
-        if not _BASE:
-            full = _hydra_compose([], return_hydra_config=True)
-            groups = set(OmegaConf.to_container(full.hydra.runtime.choices).keys())
-            with open_dict(full):
-                del full["hydra"]
-            _BASE.update(cfg=full, groups=groups)
-        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
-        if any(o.key_or_group in _BASE["groups"] or "/" in o.key_or_group for o in parsed):
-            return _hydra_compose(overrides)
-        cfg = copy.deepcopy(_BASE["cfg"])
-        ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
-        return cfg
-    except ConfigError:
-        raise
+        return copy.deepcopy(_composed(tuple(overrides)))
     except Exception as exc:  # hydra raises ConfigCompositionException / OverrideParseException
         raise _config_error(exc) from exc
+
+
+def _nested(rows: list[Setting]) -> dict[str, Any]:
+    """``a.b.c = v`` rows as the nested mapping ``{a: {b: {c: v}}}``, in row order."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        *parents, leaf = row.key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = row.value
+    return out
+
+
+def apply_settings(cfg: Any, rows: list[Setting]) -> Any:
+    """``cfg`` with the table's typed values merged in (OmegaConf): keys of verl's schema in struct mode, so a key
+    verl does not have is an error, then the keys the table adds (``Setting.append``)."""
+    from omegaconf import OmegaConf, open_dict
+
+    try:
+        cfg = OmegaConf.merge(cfg, _nested([r for r in rows if not r.append]))
+        with open_dict(cfg):
+            cfg = OmegaConf.merge(cfg, _nested([r for r in rows if r.append]))
+    except Exception as exc:  # omegaconf's ConfigKeyError / ValidationError
+        raise _config_error(exc) from exc
+    return cfg
 
 
 def verl_validate(cfg: Any) -> None:
@@ -93,12 +98,15 @@ class Resolved:
     """A composed, checked, validated verl config and what produced it."""
 
     cfg: Any  # omegaconf.DictConfig
-    overrides: list[str]  # preset-derived + passthrough, in the order applied
+    settings: list[Setting]  # the preset's rows merged in (a passthrough override of a recipe constant wins)
+    passthrough: list[str]  # the user's Hydra overrides, composed first
     notes: list[str]
 
 
-def resolve(preset: Preset, passthrough: list[str] | tuple[str, ...] = ()) -> Resolved:
-    """Compose verl's config from the preset plus passthrough overrides, check placement, run verl's validation."""
+def resolve(preset: Preset, passthrough: list[str] | tuple[str, ...] = (), resume_step: int = 0) -> Resolved:
+    """verl's config for the preset: verl's own ``ppo_trainer`` composed with the user's passthrough overrides, the
+    preset's settings merged in as typed values (a recipe constant a passthrough override sets is the user's), the
+    vLLM seed moved on by ``resume_step`` (:func:`resume_seed`), then the placement checks and verl's validation."""
     if preset.placement.backend != "verl":
         raise ConfigError(f"preset {preset.name!r} has placement.backend={preset.placement.backend!r}, not 'verl'")
     check_passthrough(preset, passthrough)
@@ -109,9 +117,14 @@ def resolve(preset: Preset, passthrough: list[str] | tuple[str, ...] = ()) -> Re
             "recipe.data.max_prompt_length ('right' / 'error' are verl dataset options the loop does not use); "
             "set recipe.data.truncation: left"
         )
-    overrides = hydra_overrides(preset) + list(passthrough)
-    cfg = compose(overrides)
-    notes = check_placement(preset, cfg, model_info(str(cfg.actor_rollout_ref.model.path)))
+    users = [override_key(o) for o in passthrough]
+    rows = [s for s in settings(preset) if not any(s.key == k or s.key.startswith(k + ".") for k in users)]
+    cfg = apply_settings(compose(passthrough), rows)
+    notes = []
+    if resume_step > 0:
+        seed = resume_seed(cfg, resume_step)
+        notes.append(f"resumed at step {resume_step}: the vLLM engines are seeded {seed} (rollout.seed + the step)")
+    notes += check_placement(preset, cfg, model_info(str(cfg.actor_rollout_ref.model.path)))
     import contextlib
     import io
     import warnings
@@ -120,7 +133,21 @@ def resolve(preset: Preset, passthrough: list[str] | tuple[str, ...] = ()) -> Re
         # validate_config prints a success line and warns that a GRPO run has no critic (intended)
         warnings.filterwarnings("ignore", message="Disabled critic")
         verl_validate(cfg)
-    return Resolved(cfg=cfg, overrides=overrides, notes=notes)
+    return Resolved(cfg=cfg, settings=rows, passthrough=list(passthrough), notes=notes)
+
+
+def resume_seed(cfg: Any, step: int) -> int:
+    """Seed the vLLM engines of a run resumed at ``step`` with ``rollout.seed + step`` (in ``cfg``; returns it).
+
+    vLLM's sampling generator lives in the engines and is not checkpointable: a restarted engine starts its stream
+    from ``rollout.seed`` again, so a resumed run would replay the random stream of step 1. A resume from step ``s``
+    always draws the same stream (reproducible per resume point), though not the uninterrupted run's (docs/verl.md,
+    Resume)."""
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        cfg.actor_rollout_ref.rollout.seed = int(cfg.actor_rollout_ref.rollout.seed) + int(step)
+    return int(cfg.actor_rollout_ref.rollout.seed)
 
 
 def to_yaml(cfg: Any) -> str:

@@ -20,7 +20,8 @@ from dapo.backends.verl.settings import settings
 from dapo.config import ConfigError, Preset
 
 
-def _override_key(text: str) -> str:
+def override_key(text: str) -> str:
+    """The verl key a Hydra override sets (or deletes), without Hydra's ``+``/``~``/``++`` prefix."""
     if "=" not in text:
         raise ConfigError(f"verl override {text!r} is not of the form key=value")
     return text.split("=", 1)[0].lstrip("+~").strip()
@@ -90,7 +91,7 @@ def check_passthrough(preset: Preset, overrides: list[str] | tuple[str, ...]) ->
     the loop does not honour (:data:`PASSTHROUGH_REFUSED`, with the reason)."""
     owned = {s.key: s.source for s in settings(preset) if s.owned}
     for text in overrides:
-        key = _override_key(text)
+        key = override_key(text)
         for verl_key, source in owned.items():
             if key == verl_key or verl_key.startswith(key + ".") or key.startswith(verl_key + "."):
                 raise ConfigError(

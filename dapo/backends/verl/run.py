@@ -1,14 +1,15 @@
 """``dapo train`` for ``placement.backend: verl``: resolve and validate verl's config, print it, train.
 
-:func:`run` resolves and validates verl's config (:mod:`dapo.backends.verl.config`) before anything touches Ray,
-prints it under :func:`describe`'s header, and (unless ``--dry-run``) starts Ray, builds the worker groups
-(:class:`dapo.backends.verl.workers.RayWorkers`) and the backend (:class:`dapo.backends.verl.backend.VerlBackend`) and
-runs the DAPO loop (:mod:`dapo.train.loop`). Its steps are reusable (``dapo bench verl-fit`` builds on them):
-:func:`prepare` readies this process (:func:`on_this_machine`: an absolute run directory -- the workers write
-checkpoints there -- and the tiny model and task built for ``builtin:tiny``; for ``placement.accelerator: cpu`` the CPU
-platform of :mod:`dapo.backends.verl.cpu`), :func:`connect` joins or starts Ray with the run's runtime env
-(:func:`ray_init_kwargs`). :func:`resume_step` and :func:`reseed_rollout_for_resume` seed the vLLM engines of a
-resumed run by its resume step.
+:func:`run` takes the run directory ``dapo train`` worked out, makes it absolute once (the workers write checkpoints
+there), resolves and validates verl's config (:mod:`dapo.backends.verl.config`, the vLLM seed of a resumed run
+included: :func:`resume_step`) before anything touches Ray, prints it under :func:`describe`'s header, and (unless
+``--dry-run``) starts Ray, builds the worker groups (:class:`dapo.backends.verl.workers.RayWorkers`) and the backend
+(:class:`dapo.backends.verl.backend.VerlBackend`) and runs the DAPO loop (:mod:`dapo.train.loop`) for the steps it
+counted once (:func:`dapo.train.stream.rollout_steps`). The config is not changed after verl validated it. Its steps
+are reusable (``dapo bench verl-fit`` builds on them): :func:`prepare` readies this process (:func:`on_this_machine`:
+the preset with the run directory and, for ``builtin:tiny``, the tiny model and task; for ``placement.accelerator:
+cpu`` the CPU platform of :mod:`dapo.backends.verl.cpu`), :func:`connect` joins or starts Ray with the run's runtime
+env (:func:`ray_init_kwargs`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dapo.backends.verl.workers import RayWorkers
 from dapo.config import ConfigError, Preset, run_dir
 from dapo.data.files import read_rows
 
-__all__ = ["describe", "run", "prepare", "connect", "on_this_machine", "resume_step", "reseed_rollout_for_resume"]
+__all__ = ["describe", "run", "prepare", "connect", "on_this_machine", "run_dir_of", "resume_step"]
 
 
 def describe(preset: Preset, resolved: Any) -> str:
@@ -50,23 +51,24 @@ def describe(preset: Preset, resolved: Any) -> str:
     return "\n".join(lines)
 
 
-def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
-    """Resolve + validate verl's config (before Ray), print it; unless ``--dry-run``, train with the DAPO loop."""
+def run(preset: Preset, args: Any, verl_overrides: list[str], run_dir: str) -> int:
+    """Resolve + validate verl's config (before Ray) for the run in ``run_dir``, print it; unless ``--dry-run``,
+    train with the DAPO loop. The config printed is the one the workers get."""
     from dapo.backends.verl import config as verl_config
 
     if getattr(args, "run_dir", None):
         raise ConfigError("--run-dir is for the local backend; on verl set recipe.trainer.default_local_dir=...")
     environ = dict(os.environ)  # the job's own environment, before this process adds the run's
-    dry_run = bool(getattr(args, "dry_run", False))
-    given = preset
-    preset = prepare(preset, build=False)  # where the tiny model and task will be; built after the fabric check
-    resolved = verl_config.resolve(preset, verl_overrides)
-    print(describe(preset, resolved))
+    where = os.path.abspath(run_dir)  # the driver and every worker (their working directories differ) write here
+    placed = prepare(preset, where, build=False)  # where the tiny model and task will be; built after the fabric check
+    resolved = verl_config.resolve(placed, verl_overrides, resume_step=resume_step(placed, where))
+    print(describe(placed, resolved))
     print(verl_config.to_yaml(resolved.cfg), flush=True)
-    if dry_run:
+    if getattr(args, "dry_run", False):
         return 0
 
     from dapo.train.loop import DAPOLoop
+    from dapo.train.stream import rollout_steps
 
     cfg = resolved.cfg
     ending = getattr(args, "attempt_end", None)
@@ -76,31 +78,28 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
         from dapo.backends.verl.fabric import gate
         from dapo.train.fabric import EXIT_FABRIC, PLACEMENT_TIMEOUT_S
 
-        passed, wandb_extra = gate(preset, args.fabric_check, getattr(args, "fabric_min_busbw", None),
-                                   getattr(args, "fabric_recheck", None) or "", environ,
-                                   str(cfg.trainer.default_local_dir), lambda: connect(cfg, environ, attempt),
-                                   log=lambda m: print(m, flush=True),
+        passed, wandb_extra = gate(placed, args.fabric_check, getattr(args, "fabric_min_busbw", None),
+                                   getattr(args, "fabric_recheck", None) or "", environ, where,
+                                   lambda: connect(cfg, environ, attempt), log=lambda m: print(m, flush=True),
                                    placement_timeout=getattr(args, "fabric_placement_timeout", PLACEMENT_TIMEOUT_S))
         if not passed:
             print(f"dapo train: the fabric check did not pass; nothing trained (exit code {EXIT_FABRIC})", flush=True)
             return EXIT_FABRIC
     else:
         connect(cfg, environ, attempt)
-    on_this_machine(given, build=True)  # builds builtin:tiny's model and task where `preset` points
-    train_rows = read_rows(list(preset.recipe.data.train_files), "recipe.data.train_files")
-    val_rows = read_rows(list(preset.recipe.data.val_files), "recipe.data.val_files")
-    total_steps = preset.recipe.trainer.total_training_steps or _steps_for(preset, len(train_rows))
-    run_dir = str(cfg.trainer.default_local_dir)  # absolute (on_this_machine): the workers write there too
-    reseed_rollout_for_resume(cfg, resume_step(preset, run_dir))
-    workers = RayWorkers(cfg, total_steps, verl_agreement=preset.recipe.reward.verl_agreement)
-    backend = VerlBackend(cfg, preset, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
+    on_this_machine(preset, where, build=True)  # builds builtin:tiny's model and task where `placed` points
+    train_rows = read_rows(list(placed.recipe.data.train_files), "recipe.data.train_files")
+    val_rows = read_rows(list(placed.recipe.data.val_files), "recipe.data.val_files")
+    total_steps = rollout_steps(placed.recipe, len(train_rows))  # verl's LR schedule and the loop's bound
+    workers = RayWorkers(cfg, total_steps, verl_agreement=placed.recipe.reward.verl_agreement)
+    backend = VerlBackend(cfg, placed, workers, workers.tokenizer, eos_token_ids=workers.eos_token_ids)
     if attempt is not None:
         from dapo.backends.verl.ranks import RankWatch
 
-        backend.ranks = RankWatch(run_dir, attempt, backend.n_gpus, preset.recipe.trainer.watchdog,
+        backend.ranks = RankWatch(where, attempt, backend.n_gpus, placed.recipe.trainer.watchdog,
                                   log=lambda m: print(m, flush=True))
-    loop = DAPOLoop(preset, backend, train_rows, val_rows, run_dir, progress=not getattr(args, "no_progress", False),
-                    ending=getattr(args, "attempt_end", None), watchdog=getattr(args, "watchdog", None))
+    loop = DAPOLoop(placed, backend, train_rows, val_rows, where, progress=not getattr(args, "no_progress", False),
+                    ending=ending, watchdog=getattr(args, "watchdog", None), total_steps=total_steps)
     loop.wandb_extra = wandb_extra
     try:
         return int(loop.fit() or 0)
@@ -108,11 +107,11 @@ def run(preset: Preset, args: Any, verl_overrides: list[str]) -> int:
         backend.close()
 
 
-def prepare(preset: Preset, build: bool = True) -> Preset:
-    """This process, before it resolves verl's config: the preset :func:`on_this_machine`, and for
-    ``placement.accelerator: cpu`` the CPU platform's environment set and the platform active (verl picks its platform
-    per process from ``VERL_PLATFORM``; the workers get the same variables from the runtime env)."""
-    preset = on_this_machine(preset, build=build)
+def prepare(preset: Preset, run_dir: str, build: bool = True) -> Preset:
+    """This process, before it resolves verl's config: the preset :func:`on_this_machine` for the run in ``run_dir``,
+    and for ``placement.accelerator: cpu`` the CPU platform's environment set and the platform active (verl picks its
+    platform per process from ``VERL_PLATFORM``; the workers get the same variables from the runtime env)."""
+    preset = on_this_machine(preset, run_dir, build=build)
     if preset.placement.accelerator == CPU_ACCELERATOR:
         from dapo.backends.verl.cpu import plugin
 
@@ -143,17 +142,17 @@ def connect(cfg: Any, environ: dict[str, str], attempt: Optional[int] = None) ->
 
 
 def run_dir_of(preset: Preset) -> str:
-    """``recipe.trainer.default_local_dir`` with its ``${trainer.*}`` references resolved (:func:`dapo.config.run_dir`)
-    and made absolute: the driver and every worker (whose working directories differ) write checkpoints there."""
+    """Where a verl run of ``preset`` runs: ``recipe.trainer.default_local_dir`` with its ``${trainer.*}`` references
+    resolved (:func:`dapo.config.run_dir`), made absolute (the driver and every worker write checkpoints there)."""
     return os.path.abspath(run_dir(preset))
 
 
-def on_this_machine(preset: Preset, build: bool) -> Preset:
-    """The preset with an absolute run directory and, for ``recipe.model.path: builtin:tiny``, the locally built
-    tiny model and task in ``<run dir>/assets`` (:mod:`dapo.tiny.assets`, as the local backend builds them; built
-    unless ``build`` is false -- ``--dry-run`` shows where they would be)."""
+def on_this_machine(preset: Preset, run_dir: str, build: bool) -> Preset:
+    """The preset for the run in ``run_dir``: ``recipe.trainer.default_local_dir`` set to it and, for
+    ``recipe.model.path: builtin:tiny``, the locally built tiny model and task in ``<run dir>/assets``
+    (:mod:`dapo.tiny.assets`, as the local backend builds them; built unless ``build`` is false -- ``--dry-run``
+    shows where they would be)."""
     out = copy.deepcopy(preset)
-    run_dir = run_dir_of(preset)
     r = out.recipe
     r.trainer.default_local_dir = run_dir
     path = r.model.path
@@ -189,26 +188,3 @@ def resume_step(preset: Preset, run_dir: str) -> int:
 
     latest = ckpt.latest(ckpt.checkpoint_root(run_dir))
     return int(ckpt.load_loop_state(latest)["step"]) if latest is not None else 0
-
-
-def reseed_rollout_for_resume(cfg: Any, step: int) -> Optional[int]:
-    """vLLM's sampling generator lives in the engines and is not checkpointable: a restarted engine starts its stream
-    from ``rollout.seed`` again, so a resumed run would replay the random stream of step 1. Seed the engines with
-    ``rollout.seed + step`` instead: a resume from step ``s`` always draws the same stream (reproducible per resume
-    point), though not the uninterrupted run's (docs/verl.md, Resume). Returns the new seed (None: step 0)."""
-    if step <= 0:
-        return None
-    from omegaconf import open_dict
-
-    with open_dict(cfg):
-        cfg.actor_rollout_ref.rollout.seed = int(cfg.actor_rollout_ref.rollout.seed) + int(step)
-    return int(cfg.actor_rollout_ref.rollout.seed)
-
-
-def _steps_for(preset: Preset, n_rows: int) -> int:
-    """verl's count when total_training_steps is null: generation batches per epoch x epochs."""
-    d = preset.recipe.data
-    per_epoch = n_rows // (d.gen_batch_size or d.train_batch_size)
-    if per_epoch < 1:
-        raise ConfigError(f"recipe.data.train_files hold {n_rows} prompts, fewer than one generation batch")
-    return per_epoch * preset.recipe.trainer.total_epochs

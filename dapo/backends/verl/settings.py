@@ -1,10 +1,10 @@
 """The preset -> verl key table: every verl 0.9.1 config value the DAPO recipe sets, and where it comes from.
 
 The preset (:mod:`dapo.config`) is the single source of truth. :func:`settings` turns it into a list of verl keys
-and values (:class:`Setting`), each one naming the preset key it comes from (or why it is a fixed recipe constant);
-:func:`hydra_overrides` writes them as Hydra command-line overrides (:func:`format_value`). Composing verl's config
-from them is :mod:`dapo.backends.verl.config`; which other verl keys a user may pass is
-:mod:`dapo.backends.verl.passthrough`.
+and typed values (:class:`Setting`), each one naming the preset key it comes from (or why it is a fixed recipe
+constant). :mod:`dapo.backends.verl.config` merges them into verl's composed config as they are; which other verl keys
+a user may pass is :mod:`dapo.backends.verl.passthrough`; the reference translation
+(:mod:`dapo.reference.translate`) takes the same rows in verl 4f80e46's key names.
 
 :data:`LOSS_MODULE` names the module that registers the DAPO loss in verl (:mod:`dapo.backends.verl.loss`); the
 table puts it in every Ray process's runtime env (``VERL_USE_EXTERNAL_MODULES``).
@@ -12,12 +12,11 @@ table puts it in every Ray process's runtime env (``VERL_USE_EXTERNAL_MODULES``)
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from dapo.backends.verl.cpu.plugin import PLATFORM_NAME as CPU_PLATFORM
-from dapo.config import ConfigError, Preset
+from dapo.config import Preset
 
 # The module that registers our policy losses in verl's registry; Ray workers import it through
 # VERL_USE_EXTERNAL_MODULES (verl/__init__.py imports the listed modules in every process).
@@ -41,15 +40,12 @@ class Setting:
     key: str  # dotted verl key, without Hydra's '+'
     value: Any
     source: str  # the preset key it comes from, or "fixed: <why>" for a recipe constant
-    append: bool = False  # the key is not in verl's schema: Hydra needs '+key=value'
+    append: bool = False  # the key is not in verl's schema: the table adds it
 
     @property
     def owned(self) -> bool:
         """Preset-derived (not overridable through passthrough Hydra overrides)."""
         return not self.source.startswith("fixed")
-
-    def override(self) -> str:
-        return f"{'+' if self.append else ''}{self.key}={format_value(self.value)}"
 
 
 def settings(preset: Preset) -> list[Setting]:
@@ -271,33 +267,3 @@ def cpu_settings(preset: Preset) -> list[tuple[str, Any, str, bool]]:
         for k, v in fp32.items():
             out.append((f"actor_rollout_ref.{role}.fsdp_config.mixed_precision.{k}", v, "float32 on CPU", True))
     return out
-
-
-_PLAIN = re.compile(r"^[A-Za-z_/~][\w./~-]*$")
-_INTERP = re.compile(r"^[\w./-]*(\$\{[\w.:,/ -]+\}[\w./-]*)+$")
-
-
-def format_value(value: Any) -> str:
-    """A Python value as a Hydra override value (strings quoted unless plainly a word or a path)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        if value.lower() in ("true", "false", "null", "none", "nan", "inf") or not (
-            _PLAIN.match(value) or _INTERP.match(value)
-        ):
-            return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-        return value
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(format_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
-    raise ConfigError(f"cannot express {value!r} ({type(value).__name__}) as a Hydra override")
-
-
-def hydra_overrides(preset: Preset) -> list[str]:
-    """The preset as verl Hydra overrides (what ``python -m verl.trainer.main_ppo ...`` would take)."""
-    return [s.override() for s in settings(preset)]
