@@ -154,6 +154,7 @@ def test_every_ray_pod_has_shm_the_shared_volume_and_secrets_only_by_reference(n
             claim = volumes[mounts["/shared"]]["persistentVolumeClaim"]["claimName"]
             assert claim == (values.get("storage", {}).get("existingClaim") or f"{release}-shared")
             env = {e["name"]: e for e in container["env"]}
+            assert len(env) == len(container["env"]), (role, "a variable set twice")
             for token in ("HF_TOKEN", "WANDB_API_KEY"):  # who gets which: tests/test_credentials.py
                 if token in env:
                     assert set(env[token]) == {"name", "valueFrom"}, (role, token)

@@ -92,12 +92,7 @@ class PodTemplates(ChartContext):
     def env(self, *, head: bool, kind: str = "train") -> list[dict[str, Any]]:
         v = self.v
         s = v["secret"]
-        # the node and pod a driver names when it records why its attempt ended (dapo.train.attempts)
-        env: list[dict[str, Any]] = [
-            {"name": "DAPO_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-            {"name": "DAPO_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "HF_HOME", "value": v["storage"]["hfHome"]},
-        ]
+        env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": v["storage"]["hfHome"]}]
         if self.hf_token_here(head=head, kind=kind):
             env.append({"name": "HF_TOKEN_PATH", "value": HF_TOKEN_PATH})
         if self.wandb_key(head=head, kind=kind):  # wandb reads its key only from WANDB_API_KEY or a netrc file

@@ -58,15 +58,6 @@ Environment of every Ray container. Usage: include "dapo.env" (dict "root" $ "he
 */}}
 {{- define "dapo.env" -}}
 {{- $v := .root.Values -}}
-# the node and pod a driver names when it records why its attempt ended (dapo.train.attempts)
-- name: DAPO_NODE_NAME
-  valueFrom:
-    fieldRef:
-      fieldPath: spec.nodeName
-- name: DAPO_POD_NAME
-  valueFrom:
-    fieldRef:
-      fieldPath: metadata.name
 - name: HF_HOME
   value: {{ $v.storage.hfHome | quote }}
 {{- if include "dapo.hfTokenHere" . }}
