@@ -1,7 +1,8 @@
 """The log follower Jobs of the chart (logs.enabled), from the rendered objects: each follows the directory its
 RayJob's driver really writes (computed as the driver computes it, not copied from the template), reads only the
-status of that RayJob (the least RBAC: get, by name), runs non-root on a read-only root filesystem with the claim
-read-only, and its rendered command line is one the follower accepts."""
+status of that RayJob (the least RBAC: get, by name) -- and acts on the training one only as train.retries asks --,
+runs non-root on a read-only root filesystem with the claim read-only but for the follower that acts, and its
+rendered command line is one the follower accepts."""
 
 from __future__ import annotations
 
@@ -50,22 +51,33 @@ def test_every_rayjob_has_a_follower_of_the_directory_its_driver_writes(name):
         assert args.sidecar and str(args.state_dir) == "/state"
         head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
         assert follow["image"] == head["containers"][0]["image"]  # already on the nodes that ran the head
+        # read-only, but for a follower that acts between attempts (it writes its answers and failures.json)
+        writes = bool(args.leave_out_nodes or args.max_failures is not None or args.heartbeat_timeout)
+        # the reference recipe records no end
+        ours = shlex.split(rayjob["spec"]["entrypoint"])[:3] != ["python3", "-m", "dapo.reference.attempt_log"]
+        assert writes == rayjob["metadata"]["name"].endswith("-train")
+        assert ("DAPO_ACK_TIMEOUT_S" in rayjob["spec"].get("runtimeEnvYAML", "")) == (writes and ours), \
+            "the driver waits for answers iff one comes"
         (shared,) = [v for v in head["volumes"] if v["name"] == "shared"]
         (claim,) = [v for v in pod["volumes"] if v["name"] == "shared"]
-        assert claim["persistentVolumeClaim"] == {**shared["persistentVolumeClaim"], "readOnly": True}
+        assert claim["persistentVolumeClaim"] == {**shared["persistentVolumeClaim"], "readOnly": not writes}
         (mount,) = [m for m in head["containers"][0]["volumeMounts"] if m["name"] == "shared"]
-        assert {"name": "shared", "mountPath": mount["mountPath"], "readOnly": True} in follow["volumeMounts"]
+        assert {"name": "shared", "mountPath": mount["mountPath"], "readOnly": not writes} in follow["volumeMounts"]
 
 
-def test_the_follower_reads_only_its_rayjobs_and_lists_pods_and_events_non_root_read_only():
+def test_the_follower_reads_its_rayjobs_lists_pods_and_events_and_acts_only_on_the_training_run_non_root():
     values = user_values([VALUES_DIR / "full.yaml"], {"eval": {"enabled": True}})
     objects = by_key(helm_objects(values, release="dapo", namespace="ml"))
     role = objects[("Role", "dapo-logs")]
-    # read-only: get on its RayJobs; list on the namespace's pods and events (why a run waits); tests/
-    # test_follow_waits.py proves these are exactly the requests the follower makes
+    # get on its RayJobs; list on the namespace's pods and events (why a run waits; tests/test_follow_waits.py proves
+    # these are exactly the requests the follower makes); and, between the training run's attempts (train.retries,
+    # tests/test_keeper.py), patch and delete on that one RayJob and delete on pods (a frozen driver's)
     assert role["rules"] == [{"apiGroups": ["ray.io"], "resources": ["rayjobs"],
                               "resourceNames": ["dapo-train", "dapo-eval"], "verbs": ["get"]},
-                             {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["list"]}]
+                             {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["list"]},
+                             {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "resourceNames": ["dapo-train"],
+                              "verbs": ["patch", "delete"]},
+                             {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}]
     binding = objects[("RoleBinding", "dapo-logs")]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "dapo-logs"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dapo-logs", "namespace": "ml"}]
@@ -84,8 +96,10 @@ def test_the_follower_reads_only_its_rayjobs_and_lists_pods_and_events_non_root_
             assert sc["capabilities"] == {"drop": ["ALL"]}
             assert not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in c.get("env", []))
             assert c["resources"]["limits"]["memory"] == "96Mi" and c["resources"]["requests"]["cpu"] == "10m"
-        assert all(m.get("readOnly") for c in pod["initContainers"] + pod["containers"] for m in c["volumeMounts"]
-                   if m["name"] == "shared")
+        # the claim is written only by the training follower (its answers, failures.json, the end record of an
+        # attempt it ended)
+        assert all(m.get("readOnly") == (kind == "eval") for c in pod["initContainers"] + pod["containers"]
+                   for m in c["volumeMounts"] if m["name"] == "shared")
         rules = job["spec"]["podFailurePolicy"]["rules"]
         assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "result", "operator": "In",
                                                                  "values": FAIL_JOB_CODES}}

@@ -9,7 +9,6 @@ import copy
 import json
 import os
 import re
-import shlex
 import shutil
 import stat
 import subprocess
@@ -136,8 +135,13 @@ def test_long_runs_submit_over_http_with_per_attempt_deadlines(name):
     assert spec["preRunningDeadlineSeconds"] == 1800  # after the preflight: scale-up, pulls, the model download
     per_attempt = spec["activeDeadlineSeconds"]
     notes = helm_notes(values, release=release)
+    # the follower's failure budget decides: no lifetime product of KubeRay's backstop count and the deadline
+    assert f"Each attempt may run {per_attempt} s (activeDeadlineSeconds is per attempt)." in notes
+    assert "retried while its failure budget allows" in notes
     total = (spec["backoffLimit"] + 1) * per_attempt
-    assert f"all attempts together at most {total} s" in notes
+    without = helm_notes(user_values(files, {"train": {"retries": {"failureBudget": {"enabled": False}}}}),
+                         release=release)
+    assert f"all attempts together at most {total} s" in without
     assert "An attempt that is not Running 1800 s after it started" in notes
     assert f"the start guard (job/{release}-train-start) deletes a run whose pods never started" in notes
     queued = helm_notes(user_values(files + [VALUES_DIR / "kueue.yaml"]), release=release)
@@ -535,7 +539,8 @@ def test_gpu_workers_check_the_driver_at_start_and_the_head_does_not():
                                                                    "--min-driver", "580"]
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert "postStart" not in head["lifecycle"]
-    assert shlex.join(worker["lifecycle"]["preStop"]["exec"]["command"]) == "/bin/sh -c 'ray stop'"
+    assert worker["lifecycle"]["preStop"]["exec"]["command"][:2] == ["/bin/sh", "-c"]
+    assert worker["lifecycle"]["preStop"]["exec"]["command"][2].endswith("; ray stop")
     # another image (e.g. the CUDA 12.6 reproduction stack): its own minimum, or no check
     h, p = both({**RWX, "worker": {"minDriver": 0}})
     assert h == p

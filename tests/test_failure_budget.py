@@ -25,7 +25,7 @@ def test_the_budget_counts_failures_within_its_window_not_over_the_runs_life():
     assert budget.spent(spread, now) is None
     dense, now = failures((30, "error"), (20, "stalled"), (10, "error"), (5, "error"), (1, "stalled"))
     why = budget.spent(dense, now)
-    assert why.startswith("4 attempts failed within 24 h (train.failureBudget.maxFailures 3 per 24 h)")
+    assert why.startswith("4 attempts failed within 24 h (train.retries.failureBudget.maxFailures 3 per 24 h)")
     assert budget.spent(dense[:-1], now) is None  # three within the day: allowed
 
 
@@ -34,7 +34,7 @@ def test_the_same_cause_k_times_in_a_row_stops_the_run_naming_it():
     row, now = failures((9, "stalled"), (5, "stalled"), (2, "stalled"))
     why = budget.spent(row, now)
     assert why == ("the same cause, stalled, ended 3 attempts in a row (attempts 1, 2, 3; "
-                   "train.failureBudget.sameCauseInARow 3): m3")
+                   "train.retries.failureBudget.sameCauseInARow 3): m3")
     broken, now = failures((9, "stalled"), (5, "error"), (2, "stalled"))
     assert budget.spent(broken, now) is None
     assert Budget(100, 24 * H, 0).spent(row, now) is None  # 0: no such limit

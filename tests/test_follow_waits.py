@@ -178,7 +178,12 @@ def assert_the_role_grants_exactly(requests: list[str]) -> None:
 
     used = {asked(r) for r in requests}
     files = [VALUES_DIR / "full.yaml"]
-    for objects in (helm_objects(user_values(files), namespace="ml"), python_objects(files, namespace="ml")):
+    # the follower as it only reads: what it does between attempts (train.retries) adds its own grants, which
+    # tests/test_keeper.py checks against what that follower sends
+    reads = {"train": {"retries": {"leaveOutNodes": {"enabled": False}, "failureBudget": {"enabled": False},
+                                   "heartbeatTimeoutSeconds": 0}}}
+    for objects in (helm_objects(user_values(files, reads), namespace="ml"),
+                    python_objects(files, namespace="ml", extra=reads)):
         rules = by_key(objects)[("Role", "dapo-logs")]["rules"]
         granted = {(g, res, verb, name) for r in rules for g in r["apiGroups"] for res in r["resources"]
                    for verb in r["verbs"] for name in r.get("resourceNames") or [""]}
@@ -399,7 +404,8 @@ def test_the_chart_gives_the_follower_what_it_needs_to_explain_waits():
         objs = by_key(objects)
         follow = objs[("Job", "dapo-train-logs")]["spec"]["template"]["spec"]["initContainers"][0]
         args = follow["args"]
-        assert args[args.index("--release"):] == ["--release", "dapo", "--kind", "train", "--claim", "dapo-shared"]
+        i = args.index("--release")
+        assert args[i:i + 6] == ["--release", "dapo", "--kind", "train", "--claim", "dapo-shared"]
         head = objs[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
         assert [c["name"] for c in head["initContainers"]][:2] == ["fix-ownership", "data-prepare"]
         assert all(c["terminationMessagePolicy"] == "FallbackToLogsOnError" for c in head["initContainers"])

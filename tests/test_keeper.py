@@ -6,6 +6,7 @@ with an injected fault (tests/attempt_driver.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from api_standin import StandInApi
-from k8s_support import ROOT, VALUES_DIR, by_key, python_objects
+from k8s_support import ROOT, VALUES_DIR, by_key, helm_objects, python_objects, user_values
+from test_follow_waits import asked
 from kuberay_twin import KubeRayTwin, node_matches
 from dapo.cluster.budget import FILE as FAILURES
 from dapo.train import attempts
@@ -73,12 +75,13 @@ class Run:
         e = {**env(), "DAPO_ATTEMPT_NODES": ",".join(p["spec"]["nodeName"] for p in workers),
              "DAPO_ATTEMPT_IPS": json.dumps({p["spec"]["nodeName"]: p["status"]["podIP"] for p in workers}),
              "DAPO_POD_NAME": workers[0]["metadata"]["name"], attempts.ACK_TIMEOUT_ENV: "20"}
-        args = self.driver_args(k) if callable(self.driver_args) else self.driver_args
+        nodes = [p["spec"]["nodeName"] for p in workers]
+        args = self.driver_args(k, nodes) if callable(self.driver_args) else self.driver_args
         proc = subprocess.Popen([sys.executable, str(DRIVER), "--log-dir", str(self.log_dir), *args], env=e,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.drivers[k] = (proc, workers[0]["metadata"]["name"])
         if self.attempt_hook:
-            self.attempt_hook(self, k, proc)
+            self.attempt_hook(self, k, proc, nodes)
         return proc.wait(timeout=60)
 
     def finish(self, timeout: float = 60) -> tuple[int, str, str]:
@@ -92,13 +95,38 @@ class Run:
                     proc.kill()
             self.api.close()
         assert self.twin.error is None, self.twin.error
+        self.assert_the_role_allows_what_the_follower_did()
         return code, self.out.read_text(), self.err.read_text()
+
+    def assert_the_role_allows_what_the_follower_did(self) -> None:
+        """Every request the follower sent is one the chart's Role for this run grants (helm and render.py)."""
+        used = {asked(r) for r in self.api.requests}
+        used |= {("ray.io", "rayjobs", "patch", path.partition("?")[0].rsplit("/", 1)[-1])
+                 for path, _, _ in self.api.patched}
+        used |= {asked(path.partition("?")[0])[:2] + ("delete", path.partition("?")[0].rsplit("/", 1)[-1])
+                 for path in self.api.deleted}
+        for granted in role_grants():
+            # a rule without resourceNames grants every name
+            missing = {u for u in used if u not in granted and u[:3] + ("",) not in granted}
+            assert not missing, missing
 
     def rayjob(self) -> dict:
         return self.twin.live()
 
     def failures(self) -> dict:
         return json.loads((self.log_dir.parent / FAILURES).read_text())
+
+
+@functools.lru_cache(maxsize=1)
+def role_grants() -> tuple[set, set]:
+    """(group, resource, verb, name) the follower's Role grants for this run, as Helm and as render.py render it."""
+    out = []
+    for objects in (helm_objects(user_values([VALUES_DIR / "tiny.yaml"]), namespace=NS),
+                    python_objects([VALUES_DIR / "tiny.yaml"], namespace=NS)):
+        rules = by_key(objects)[("Role", "dapo-logs")]["rules"]
+        out.append({(g, res, verb, name) for r in rules for g in r["apiGroups"] for res in r["resources"]
+                    for verb in r["verbs"] for name in r.get("resourceNames") or [""]})
+    return tuple(out)
 
 
 def final_line(out: str) -> str:
@@ -154,7 +182,7 @@ def test_a_final_verdict_builds_no_next_cluster_and_the_last_line_names_it(tmp_p
 
 
 def test_a_frozen_driver_is_ended_by_the_follower_and_the_next_attempt_runs(tmp_path):
-    def freeze(run, k, proc):  # attempt 1's driver heartbeats, then stops (SIGSTOP): it writes nothing more
+    def freeze(run, k, proc, nodes):  # attempt 1's driver heartbeats, then stops (SIGSTOP): it writes nothing more
         if k != 1:
             return
         deadline = time.monotonic() + 30
@@ -163,7 +191,7 @@ def test_a_frozen_driver_is_ended_by_the_follower_and_the_next_attempt_runs(tmp_
             time.sleep(0.05)
         os.kill(proc.pid, signal.SIGSTOP)
 
-    run = Run(tmp_path, lambda k: ["--hang"] if k == 1 else [], attempt_hook=freeze,
+    run = Run(tmp_path, lambda k, nodes: ["--hang"] if k == 1 else [], attempt_hook=freeze,
               follower_args=["--heartbeat-timeout", "2", "--max-failures", "6", "--same-cause", "3"])
     # the kubelet ends a deleted pod's processes, a stopped one too: SIGKILL
     run.api.on_delete.append(lambda path: [proc.kill() for proc, pod in run.drivers.values() if path.endswith(pod)])
@@ -176,9 +204,11 @@ def test_a_frozen_driver_is_ended_by_the_follower_and_the_next_attempt_runs(tmp_
     assert [f["cause"] for f in run.failures()["failures"]] == ["stalled"]
 
 
-def test_an_oom_killed_worker_without_an_end_record_is_left_out_when_the_follower_wins_the_race(tmp_path):
-    def oom(run, k, proc):  # attempt 1: the worker on gpu-1 is OOM-killed; its driver dies without an end record
-        if k != 1:
+@pytest.mark.parametrize("rebuild_after, attempts_on_it", [(1.5, 1), (0.0, 2)], ids=["follower-first", "kuberay-first"])
+def test_an_oom_killed_worker_without_an_end_record_is_left_out_of_a_later_attempt(tmp_path, rebuild_after,
+                                                                                   attempts_on_it):
+    def oom(run, k, proc, nodes):  # on gpu-1 the worker is OOM-killed and the driver dies without an end record
+        if "gpu-1" not in nodes:
             return
         with run.api.lock:
             pod = next(p for p in run.api.store[("/api/v1", "pods", NS)].values() if p["spec"]["nodeName"] == "gpu-1")
@@ -187,12 +217,17 @@ def test_an_oom_killed_worker_without_an_end_record_is_left_out_when_the_followe
         time.sleep(1.0)  # the follower looks at the pods every 0.2 s
         proc.kill()
 
-    run = Run(tmp_path, lambda k: ["--hang"] if k == 1 else [], attempt_hook=oom, rebuild_after=1.5)
+    # follower-first: KubeRay takes 1.5 s to build the retry, the follower reads the status every 0.2 s and patches
+    # before it; kuberay-first: the retry is built at once, from the old spec -- the node is left out of the one after
+    run = Run(tmp_path, lambda k, nodes: ["--hang"] if "gpu-1" in nodes else [], attempt_hook=oom,
+              rebuild_after=rebuild_after)
     code, out, err = run.finish()
-    assert code == 0 and len(run.twin.clusters) == 2, (out, err)
-    assert "gpu-1" in run.twin.clusters[0]["nodes"] and "gpu-1" not in run.twin.clusters[1]["nodes"]
-    (failure,) = run.failures()["failures"]
-    assert failure["cause"] == "oom_killed" and not failure["recorded"] and "gpu-1" in failure["nodes"]
+    assert code == 0, (out, err)
+    assert ["gpu-1" in c["nodes"] for c in run.twin.clusters] == [True] * attempts_on_it + [False]
+    failures = run.failures()["failures"]
+    assert [f["cause"] for f in failures] == ["oom_killed"] * attempts_on_it and not any(f["recorded"] for f in failures)
+    assert all("gpu-1" in f["nodes"] for f in failures)
+    assert "left out node gpu-1 (pod dapo-train-c1x-worker-0: container ray-worker OOMKilled)" in err
 
 
 @pytest.mark.parametrize("forbid", [("PATCH",), ("PATCH", "DELETE")])

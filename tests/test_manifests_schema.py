@@ -154,6 +154,7 @@ def test_every_ray_pod_has_shm_the_shared_volume_and_secrets_only_by_reference(n
             claim = volumes[mounts["/shared"]]["persistentVolumeClaim"]["claimName"]
             assert claim == (values.get("storage", {}).get("existingClaim") or f"{release}-shared")
             env = {e["name"]: e for e in container["env"]}
+            assert len(env) == len(container["env"]), (role, "a variable set twice")
             for token in ("HF_TOKEN", "WANDB_API_KEY"):  # who gets which: tests/test_credentials.py
                 if token in env:
                     assert set(env[token]) == {"name", "valueFrom"}, (role, token)
@@ -161,7 +162,10 @@ def test_every_ray_pod_has_shm_the_shared_volume_and_secrets_only_by_reference(n
             assert env["RAY_memory_monitor_refresh_ms"]["value"] == "0"
             assert env["HF_HOME"]["value"].startswith("/shared/")
             assert env["NCCL_SOCKET_IFNAME"]["value"] == values.get("nccl", {}).get("NCCL_SOCKET_IFNAME", "eth0")
-            assert container["lifecycle"]["preStop"]["exec"]["command"][-1] == "ray stop"
+            # a pod being deleted stops Ray last (the training pods first copy their logs: tests/test_chart_retries.py)
+            assert container["lifecycle"]["preStop"]["exec"]["command"][-1].split("; ")[-1] == "ray stop"
+            for name, field in (("DAPO_NODE_NAME", "spec.nodeName"), ("DAPO_POD_NAME", "metadata.name")):
+                assert env[name]["valueFrom"] == {"fieldRef": {"fieldPath": field}}, (role, name)
 
 
 @pytest.mark.parametrize("name", SETS)

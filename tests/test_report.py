@@ -32,6 +32,25 @@ def test_report_regenerates_the_health_png_from_jsonl(tmp_path, capsys):
     assert "validation accuracy: step 0: 0.500, step 5: 0.800" in out
 
 
+def test_report_names_how_each_attempt_ended_where_its_evidence_is_and_what_the_follower_did(tmp_path, capsys):
+    from dapo.cluster.budget import RunRecord
+    from dapo.train import attempts
+
+    _write_run(tmp_path)
+    attempts.write_end(tmp_path / "logs", 1, cause="stalled", message="gen passed its budget", step=3)
+    attempts.write_end(tmp_path / "logs", 2, cause="complete", message="done", step=5)
+    (attempts.evidence_dir(tmp_path, 1) / "dapo-train-abc-worker-x").mkdir(parents=True)
+    record = RunRecord(tmp_path, "uid")
+    record.add_failure(attempt=1, cause="stalled", message="gen", nodes={"gpu-3": "rank 2 stuck"}, recorded=True)
+    record.leave_out({"gpu-3": "rank 2 stuck"}, 1, 4)
+    record.save()
+    assert report_main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "attempts: 1 stalled at step 3; 2 complete at step 5" in out
+    assert f"evidence: {tmp_path / 'evidence'} (attempt-1)" in out
+    assert "the follower counted 1 failed attempt(s); nodes left out: gpu-3" in out
+
+
 def test_report_on_a_directory_without_metrics_fails_with_a_message(tmp_path, capsys):
     assert report_main([str(tmp_path)]) == 1
     assert "no metrics" in capsys.readouterr().err

@@ -57,7 +57,9 @@ PG_TIMEOUT_S = 300  # verl's actor_rollout_ref.nccl_timeout, read back from ever
 SLOWDOWN = 3.0  # the slowed rank runs 1 s in SLOWDOWN (SIGCONT for 1 share, SIGSTOP for SLOWDOWN - 1)
 TEST_FREQ = 2
 PROBE = ROOT / "tests" / "verl_cpu_probe.py"
-RUN_TIMEOUT_S = 1200  # one attempt: ~4 min on an idle 2-core machine (vLLM replica start ~100 s of it)
+# one attempt: ~4 min on an idle 2-core machine (vLLM replica start ~100 s of it); a machine shared with other work
+# may need more (DAPO_E2E_ATTEMPT_TIMEOUT_S)
+RUN_TIMEOUT_S = float(os.environ.get("DAPO_E2E_ATTEMPT_TIMEOUT_S", "1200"))
 # the verl-tiny recipe, shortened: STEPS steps, validation every TEST_FREQ on 64 held-out prompts x 1, and generation
 # batches of 18 prompts for 16 kept groups (the warm-started model keeps ~80% of its groups), so that dynamic sampling
 # both refills and cuts a surplus

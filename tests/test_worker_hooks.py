@@ -27,7 +27,7 @@ WORKER = """
 import os, time, torch.distributed as dist
 import verl  # imports dapo.backends.verl.loss and .worker_hooks (VERL_USE_EXTERNAL_MODULES)
 from verl.utils.distributed import initialize_global_process_group_ray
-initialize_global_process_group_ray(timeout_second=None, backend="cpu:gloo")  # what engine_workers.py:89 passes
+initialize_global_process_group_ray(timeout_second=None)  # what engine_workers.py:89 passes
 print("ready", flush=True)
 time.sleep(float(os.environ["HOLD_S"]))  # the main thread busy (a long update, a wait)
 """
@@ -43,6 +43,8 @@ def _worker(run_dir: Path, timeout_s: int, hold_s: float) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HOLD_S=str(hold_s), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), DAPO_NODE_NAME="gpu-node-3",
                DAPO_POD_NAME="dapo-train-worker-x1", DAPO_HOOK_POLL_S="0.1",
+               # verl's own workers on CPU: the CPU platform's patch of the same function applies too (its entry point)
+               VERL_PLATFORM="cpu",
                VERL_USE_EXTERNAL_MODULES="dapo.backends.verl.loss,dapo.backends.verl.worker_hooks",
                **worker_hooks.env_for(str(run_dir), 4, timeout_s, driver_pid=os.getpid()))
     return subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

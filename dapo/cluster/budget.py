@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from dapo.train.attempts import FAILURES_FILE as FILE
 from dapo.train.attempts import read_json, write_json
-
-FILE = "failures.json"
 
 
 @dataclass(frozen=True)
@@ -50,11 +49,11 @@ class Budget:
             last = failures[-1]
             which = ", ".join(str(f.get("attempt") or "?") for f in failures[-k:])
             return (f"the same cause, {last['cause']}, ended {k} attempts in a row (attempts {which}; "
-                    f"train.failureBudget.sameCauseInARow {k}): {last.get('message') or ''}".rstrip(": "))
+                    f"train.retries.failureBudget.sameCauseInARow {k}): {last.get('message') or ''}".rstrip(": "))
         recent = [f for f in failures if now - float(f["time"]) < self.window_s]
         if len(recent) > self.max_failures:
             hours = self.window_s / 3600
-            return (f"{len(recent)} attempts failed within {hours:g} h (train.failureBudget.maxFailures "
+            return (f"{len(recent)} attempts failed within {hours:g} h (train.retries.failureBudget.maxFailures "
                     f"{self.max_failures} per {hours:g} h): " + "; ".join(
                         f"attempt {f.get('attempt') or '?'} {f['cause']}" for f in recent[-6:]))
         return None

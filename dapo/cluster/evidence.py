@@ -28,16 +28,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from dapo.train.attempts import read_end
+from dapo.train.attempts import evidence_dir, read_end
 from dapo.train.runlog import attempt_numbers
 
 RAY_LOGS = Path("/tmp/ray/session_latest/logs")
 CHUNK = 1 << 20
-
-
-def evidence_dir(run_dir: Path | str, attempt: int) -> Path:
-    """Where attempt N's evidence is: its driver's stacks and dumps, and one directory per Ray pod."""
-    return Path(run_dir) / "evidence" / f"attempt-{int(attempt)}"
 
 
 def _tail(src: Path, dest: Path, size: int, keep: int) -> None:
@@ -109,7 +104,7 @@ def save(log_dir: Path, ray_logs: Path, pod: str, node: Optional[str], max_bytes
             f"{len(manifest['cut'])} cut, {len(manifest['left_out'])} left out")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dapo.cluster.evidence", description=__doc__.split("\n\n")[0])
     p.add_argument("--log-dir", required=True, type=Path, help="the run's attempt logs (<run dir>/logs)")
     p.add_argument("--ray-logs", type=Path, default=RAY_LOGS)
@@ -117,7 +112,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--node", default=os.environ.get("DAPO_NODE_NAME"))
     p.add_argument("--max-bytes", type=int, default=64 << 20, help="bytes copied per pod at most")
     p.add_argument("--seconds", type=float, default=20.0, help="time the copy may take at most")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    a = build_parser().parse_args(argv)
     try:
         line = save(a.log_dir, a.ray_logs, a.pod, a.node, a.max_bytes, a.seconds)
     except Exception as exc:  # a preStop hook never fails the pod's end: say why and go on to `ray stop`

@@ -244,8 +244,7 @@ class Follower:
         """Why the run is over after a failed attempt (None: a retry may come)."""
         s, failed = self.status, sum(1 for c in self.state["finished"].values() if c != 0)
         if self.api is not None and s is not None:
-            why = getattr(self.keeper, "stop_reason", None)
-            stopped = f"stopped by the follower: {why}; " if why else ""
+            stopped = self.keeper.final_words() if self.keeper else ""
             if not s.exists and (self.seen or self.state["uid"]):
                 return stopped + "the RayJob was deleted before the run succeeded"
             if s.terminal and not s.succeeded:

@@ -141,7 +141,9 @@ class Keeper:
                 rec.add_failure(**failure)
                 rec.body["pending"] += 1
             actions += self.leave_out_nodes(found, n)
-            why = self.final_reason(end, n) or (self.budget.spent(rec.failures) if self.budget else None)
+            actions.append(f"evidence: {attempts.evidence_dir(self.run_dir, n)}")
+            # the budget's decision, a final verdict included (without a budget KubeRay's backoffLimit decides)
+            why = (self.final_reason(end, n) or self.budget.spent(rec.failures)) if self.budget else None
             if why:
                 actions.append(self.stop_retries(why))
             elif self.budget:
@@ -189,35 +191,46 @@ class Keeper:
             self.say(self.stop_now(f"{self.stop_reason} (KubeRay retried it anyway)"))
         rec.save()
 
+    def final_words(self) -> str:
+        """What the follower's last line says of a failed run: why the follower stopped it, where the evidence is."""
+        parts = [f"stopped by the follower: {self.stop_reason}"] if self.stop_reason else []
+        evidence = self.run_dir / "evidence"
+        kept = sorted((d.name for d in evidence.iterdir() if d.is_dir()), key=lambda x: (len(x), x)) \
+            if evidence.is_dir() else []
+        if kept:
+            parts.append(f"evidence: {evidence} ({', '.join(kept[-6:])})")
+        return "".join(f"{p}; " for p in parts)
+
     # -- acting on the RayJob ----------------------------------------------------------------------------------------
     def leave_out_nodes(self, found: dict[str, str], attempt: Optional[int], late: bool = False) -> list[str]:
         if not found or self.leave_out <= 0 or "patch" in self.disabled:
             return []
         added, released = self.record.leave_out(found, attempt, self.leave_out)
         out = [f"left out node {n} ({found[n]})" for n in added]
-        out += [f"node {n} let back (at most {self.leave_out} left out: train.leaveOutNodes.max)" for n in released]
+        out += [f"node {n} let back (at most {self.leave_out} left out: train.retries.leaveOutNodes.max)" for n in released]
         if added or released:
-            out.append(self.apply_placement() + (" -- the retry may already be built from the spec before this"
+            out.append(self.apply_placement()[1] + (" -- the retry may already be built from the spec before this"
                                                   if late else ""))
         return out
 
-    def apply_placement(self, tries: int = 4) -> str:
-        """Patch the RayJob so that its groups are kept off exactly the nodes left out (a conflict: read, retry)."""
+    def apply_placement(self, tries: int = 4) -> tuple[bool, str]:
+        """Patch the RayJob so that its groups are kept off exactly the nodes left out (a conflict: read, retry).
+        Returns (whether it patched, what happened)."""
         want = self.record.left_out
         for _ in range(tries):
             try:
                 self.api.get()
                 body = placement.placement_patch(self.api.last_object or {}, want)
                 if body is None:
-                    return f"RayJob {self.api.name} already keeps its pods off {', '.join(want) or 'no node'}"
+                    return False, f"RayJob {self.api.name} already keeps its pods off {', '.join(want) or 'no node'}"
                 self.api.patch(body)
-                return f"RayJob {self.api.name} patched: its next cluster avoids {', '.join(want) or 'no node'}"
+                return True, f"RayJob {self.api.name} patched: its next cluster avoids {', '.join(want) or 'no node'}"
             except ApiUnavailable as exc:
                 self.disabled.add("patch")
-                return f"could not patch the RayJob ({exc}): nodes are not left out"
+                return False, f"could not patch the RayJob ({exc}): nodes are not left out"
             except OSError as exc:
                 last = exc
-        return f"could not patch the RayJob ({last}): nodes are not left out this time"
+        return False, f"could not patch the RayJob ({last}): nodes are not left out this time"
 
     def keep_placement(self) -> None:
         """A ``helm upgrade`` writes the chart's groups back (a merge patch replaces a list whole): put the nodes
@@ -226,7 +239,9 @@ class Keeper:
         if live is None or not self.record.left_out or "patch" in self.disabled:
             return
         if placement.live_exclusions(live) != sorted(self.record.left_out):
-            self.say(f"the RayJob's groups lost the nodes left out (a helm upgrade?): {self.apply_placement()}")
+            patched, what = self.apply_placement()
+            if patched or "could not" in what:  # not when the status read predates the follower's own patch
+                self.say(f"the RayJob's groups lost the nodes left out (a helm upgrade?): {what}")
 
     def stop_retries(self, why: str) -> str:
         """KubeRay retries a failure while ``status.failed < backoffLimit`` (before it counts this one): 0 stops it."""
@@ -280,13 +295,13 @@ class Keeper:
             self.api.delete(f"/api/v1/namespaces/{self.api.namespace}/pods/{pod}")
         except (ApiUnavailable, OSError) as exc:
             return f"attempt {attempt}: no heartbeat for {stale:.0f} s, but its pod {pod} could not be deleted ({exc})"
-        evidence = f"evidence/attempt-{attempt}"
+        evidence = str(attempts.evidence_dir(self.run_dir, attempt))
         message = (f"the driver wrote no heartbeat to {attempts.PROGRESS_FILE} for {stale:.0f} s (phase "
                    f"{progress.get('phase')}, step {progress.get('step')}; its watchdog did not act): the follower "
                    f"deleted its pod {pod}")
         attempts.write_end(self.log_dir, attempt, cause="stalled", message=message, step=int(progress.get("step")
                            or 0), phase=progress.get("phase"), evidence=evidence, extra={"by": "follower"})
-        return f"attempt {attempt}: {message}; its logs: {self.run_dir / evidence}"
+        return f"attempt {attempt}: {message}; evidence: {evidence}"
 
 
 def add_arguments(p) -> None:

@@ -166,8 +166,9 @@ class RayJobApi:
     def patch(self, body: dict, what: str = "patch this RayJob") -> Optional[dict]:
         """A JSON merge patch (RFC 7386) of this RayJob: the object after it, None when it is gone. A body holding
         ``metadata.resourceVersion`` is refused with HTTP 409 (``OSError``) when the object changed since it was
-        read, so a list replaced whole is replaced only in the version it was computed from."""
-        return self._request("PATCH", self.url, what, body)
+        read, so a list replaced whole is replaced only in the version it was computed from. The field manager
+        ``dapo-follower`` names the follower in the object's managedFields (and in a server-side apply's conflict)."""
+        return self._request("PATCH", f"{self.url}?fieldManager=dapo-follower", what, body)
 
     def delete(self, path: str) -> bool:
         """``DELETE`` of ``path`` (an object of this namespace; its dependents deleted in the background); False when

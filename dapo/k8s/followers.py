@@ -36,7 +36,7 @@ from dapo.k8s.rayjobs import RayJobs
 from dapo.k8s.context import image_ref
 from dapo.k8s.security import FOLLOWER_SKIPS, checkov_skips, tag_only
 from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, spec_sha256
-from dapo.k8s.presets import trainer_path
+from dapo.util.gofmt import go_string
 
 STATE_DIR = "/state"
 # the main container: waits for the follower's exit code, exits with it
@@ -62,19 +62,6 @@ class LogFollowers(RayJobs):
     def follower_name(self, kind: str) -> str:
         return f"{self.fullname}-{kind}-logs"
 
-    def log_dir(self, kind: str) -> str:
-        """Where the driver of each attempt of the ``kind`` RayJob writes ``attempt-<N>.log``."""
-        if kind == "eval":
-            out = self.eval_paths()["outputDir"]
-        elif self.v["train"]["runner"] == "reference":
-            from dapo.reference.command import log_dir
-
-            return log_dir(self.reference_args())
-        else:
-            trainer = (self.effective.get("recipe") or {}).get("trainer") or {}
-            out = trainer_path(trainer["default_local_dir"], trainer)
-        return (out[:-1] if out.endswith("/") else out) + "/logs"
-
     def follower_image(self, kind: str) -> dict[str, str]:
         """logs.image, each "" falling back to the image of the RayJob it follows (the digest too when the follower
         runs that image itself: logs.image.repository and tag both "")."""
@@ -95,6 +82,21 @@ class LogFollowers(RayJobs):
         out = self.follower_rbac(kinds) if self.follower_rbac_created else []
         return out + [self.follower_job(k) for k in kinds]
 
+    def follower_act_rules(self, kinds: list[str]) -> list[dict[str, Any]]:
+        """What the training follower may do between attempts (train.retries): patch the training RayJob (nodes
+        left out, backoffLimit 0), delete it (the budget spent while a retry is under way), delete pods (the
+        heartbeat backstop)."""
+        if "train" not in kinds or not self.follower_acts:
+            return []
+        r = self.v["train"]["retries"]
+        verbs = (["patch"] if r["leaveOutNodes"]["enabled"] or r["failureBudget"]["enabled"] else []) + \
+            (["delete"] if r["failureBudget"]["enabled"] else [])
+        rules = [{"apiGroups": ["ray.io"], "resources": ["rayjobs"], "resourceNames": [self.train_job_name],
+                  "verbs": verbs}] if verbs else []
+        if int(r["heartbeatTimeoutSeconds"]) > 0:
+            rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]})
+        return rules
+
     def follower_rbac(self, kinds: list[str]) -> list[dict[str, Any]]:
         names = [self.train_job_name if k == "train" else self.eval_job_name for k in kinds]
         meta = lambda: self.metadata(self.logs_name, "logs")  # noqa: E731
@@ -102,7 +104,8 @@ class LogFollowers(RayJobs):
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(),
              "rules": [{"apiGroups": ["ray.io"], "resources": ["rayjobs"], "resourceNames": names, "verbs": ["get"]},
-                       {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["list"]}]},
+                       {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["list"]},
+                       *self.follower_act_rules(kinds)]},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(),
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": self.logs_name},
              "subjects": [{"kind": "ServiceAccount", "name": self.logs_name, "namespace": self.namespace}]},
@@ -112,13 +115,31 @@ class LogFollowers(RayJobs):
         job = self.v[kind]
         return ["--log-dir", self.log_dir(kind), "--rayjob", self.train_job_name if kind == "train" else
                 self.eval_job_name, "--backoff-limit", str(int(job["backoffLimit"])), "--state-dir", STATE_DIR,
-                "--sidecar", "--release", self.release, "--kind", kind, "--claim", self.claim_name]
+                "--sidecar", "--release", self.release, "--kind", kind, "--claim", self.claim_name,
+                *self.follower_act_args(kind)]
+
+    def follower_act_args(self, kind: str) -> list[str]:
+        """The training follower's options for what it does between attempts (dapo.cluster.keeper)."""
+        if kind != "train" or not self.follower_acts:
+            return []
+        r, args = self.v["train"]["retries"], []
+        if r["leaveOutNodes"]["enabled"]:
+            args += ["--leave-out-nodes", str(int(r["leaveOutNodes"]["max"]))]
+        b = r["failureBudget"]
+        if b["enabled"]:
+            args += ["--max-failures", str(int(b["maxFailures"])), "--failure-window-hours",
+                     go_string(b["windowHours"]), "--same-cause", str(int(b["sameCauseInARow"]))]
+        if int(r["heartbeatTimeoutSeconds"]) > 0:
+            args += ["--heartbeat-timeout", str(int(r["heartbeatTimeoutSeconds"]))]
+        return args
 
     def follower_job(self, kind: str) -> dict[str, Any]:
         v, lg = self.v, self.v["logs"]
         pinned = self.follower_image(kind)
         image, pull = image_ref(pinned), v["image"]["pullPolicy"]
         mount = v["storage"]["mountPath"]
+        # read-only, but for the training follower that answers each attempt (train.retries: acks, failures.json)
+        read_only = not (kind == "train" and self.follower_acts)
         common = {"resources": copy.deepcopy(lg["resources"])}
         if lg.get("securityContext"):
             common["securityContext"] = copy.deepcopy(lg["securityContext"])
@@ -128,7 +149,7 @@ class LogFollowers(RayJobs):
             "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                     {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
             **copy.deepcopy(common),
-            "volumeMounts": [{"name": "shared", "mountPath": mount, "readOnly": True},
+            "volumeMounts": [{"name": "shared", "mountPath": mount, "readOnly": read_only},
                              {"name": "state", "mountPath": STATE_DIR}],
         }
         result = {
@@ -151,7 +172,7 @@ class LogFollowers(RayJobs):
         pod["initContainers"] = [follow]
         pod["containers"] = [result]
         pod["volumes"] = [
-            {"name": "shared", "persistentVolumeClaim": {"claimName": self.claim_name, "readOnly": True}},
+            {"name": "shared", "persistentVolumeClaim": {"claimName": self.claim_name, "readOnly": read_only}},
             {"name": "state", "emptyDir": {"sizeLimit": "1Mi"}},
         ]
         spec: dict[str, Any] = {"backoffLimit": int(lg["backoffLimit"])}

@@ -136,13 +136,13 @@ class PodTemplates(ChartContext):
         out.update(own or {})
         return out
 
-    def ray_container_common(self, *, gpu_check: bool = False) -> dict[str, Any]:
+    def ray_container_common(self, *, gpu_check: bool = False, pre_stop: str = "ray stop") -> dict[str, Any]:
         lifecycle: dict[str, Any] = {}
         min_driver = int(self.v["worker"].get("minDriver") or 0)
         if gpu_check and min_driver > 0:
             lifecycle["postStart"] = {"exec": {"command": ["python", "-m", "dapo.cluster.gpu_check", "--min-driver",
                                                            str(min_driver)]}}
-        lifecycle["preStop"] = {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}
+        lifecycle["preStop"] = {"exec": {"command": ["/bin/sh", "-c", pre_stop]}}
         out: dict[str, Any] = {"lifecycle": lifecycle}
         sc = copy.deepcopy(self.v.get("securityContext") or {})
         if self.v.get("ipcLock"):
@@ -246,11 +246,18 @@ class PodTemplates(ChartContext):
             "volumeMounts": self.hub_mounts(),
         }
 
-    def head_group(self, *, kind: str, image: str, presets: bool) -> dict[str, Any]:
+    def evidence_grace(self, kind: str) -> dict[str, Any]:
+        """terminationGracePeriodSeconds of the training RayJob's pods when they copy their logs (train.evidence):
+        the copy and ``ray stop`` must end within it."""
+        ev = self.v["train"]["evidence"]
+        return {"terminationGracePeriodSeconds": int(ev["terminationGracePeriodSeconds"])} \
+            if kind == "train" and ev["enabled"] else {}
+
+    def head_group(self, *, kind: str, image: str, presets: bool, pre_stop: str = "ray stop") -> dict[str, Any]:
         v = self.v
         h = v["head"]
         meta: dict[str, Any] = {"labels": {**self.selector_labels(f"{kind}-head"), **(h.get("labels") or {})}}
-        spec: dict[str, Any] = self.pod_common()
+        spec: dict[str, Any] = {**self.pod_common(), **self.evidence_grace(kind)}
         if h.get("restartPolicy"):
             spec["restartPolicy"] = h["restartPolicy"]
         if h.get("runtimeClassName"):
@@ -275,7 +282,7 @@ class PodTemplates(ChartContext):
             "env": self.env(head=True, kind=kind),
             "resources": copy.deepcopy(h["resources"]),
             "volumeMounts": self.volume_mounts(presets=presets, extra=h.get("extraVolumeMounts")),
-            **self.ray_container_common(),
+            **self.ray_container_common(pre_stop=pre_stop),
         }
         spec["containers"] = [container] + plain
         spec["volumes"] = self.volumes(shm=h["shmSize"], presets=presets, hf_token=bool(v["dataPrep"]["enabled"]),
@@ -285,14 +292,14 @@ class PodTemplates(ChartContext):
         return {"rayStartParams": dict(h["rayStartParams"]), "template": {"metadata": meta, "spec": spec}}
 
     def worker_group(self, *, kind: str, image: str, nodes: int, gpus: int, presets: bool,
-                     logical_gpus: int = 0) -> dict[str, Any]:
+                     logical_gpus: int = 0, pre_stop: str = "ray stop") -> dict[str, Any]:
         """One worker group of ``nodes`` pods: ``gpus`` devices each (``nvidia.com/gpu``; 0: a CPU pod), or, for
         verl on CPU, ``logical_gpus`` logical Ray GPUs and ``CPU_RAY_CPUS_PER_GPU`` logical CPUs per logical GPU
         declared in ``rayStartParams`` (KubeRay passes them to ``ray start``; no device is requested)."""
         v = self.v
         w = v["worker"]
         meta: dict[str, Any] = {"labels": {**self.selector_labels(f"{kind}-worker"), **(w.get("labels") or {})}}
-        spec: dict[str, Any] = self.pod_common()
+        spec: dict[str, Any] = {**self.pod_common(), **self.evidence_grace(kind)}
         if w.get("runtimeClassName"):
             spec["runtimeClassName"] = w["runtimeClassName"]
         for key in ("nodeSelector", "tolerations"):
@@ -324,7 +331,7 @@ class PodTemplates(ChartContext):
             "env": self.env(head=False, kind=kind),
             "resources": resources,
             "volumeMounts": self.volume_mounts(presets=presets, hf_token=hf, extra=w.get("extraVolumeMounts")),
-            **self.ray_container_common(gpu_check=gpus > 0),
+            **self.ray_container_common(gpu_check=gpus > 0, pre_stop=pre_stop),
         }
         spec["containers"] = [container] + plain
         spec["volumes"] = self.volumes(shm=w["shmSize"], presets=presets, hf_token=hf, extra=w.get("extraVolumes"))

@@ -68,6 +68,35 @@ class RayJobs(PodTemplates):
         return apply_overrides(args, [f"trainer.nnodes={pl['nodes']}", f"trainer.n_gpus_per_node={pl['gpus']}"]
                                + list(self.v["overrides"]))
 
+    def log_dir(self, kind: str) -> str:
+        """Where the driver of each attempt of the ``kind`` RayJob writes ``attempt-<N>.log``."""
+        if kind == "eval":
+            out = self.eval_paths()["outputDir"]
+        elif self.v["train"]["runner"] == "reference":
+            from dapo.reference.command import log_dir
+
+            return log_dir(self.reference_args())
+        else:
+            trainer = (self.effective.get("recipe") or {}).get("trainer") or {}
+            out = trainer_path(trainer["default_local_dir"], trainer)
+        return (out[:-1] if out.endswith("/") else out) + "/logs"
+
+    @property
+    def follower_acts(self) -> bool:
+        """Whether the training RayJob's follower acts between attempts (train.retries, dapo.cluster.keeper)."""
+        v, r = self.v, self.v["train"]["retries"]
+        return bool(v["logs"]["enabled"] and v["train"]["enabled"] and (
+            r["leaveOutNodes"]["enabled"] or r["failureBudget"]["enabled"] or int(r["heartbeatTimeoutSeconds"]) > 0))
+
+    def pre_stop_command(self, kind: str) -> str:
+        """The Ray containers' preStop: the training RayJob's pods copy their Ray logs to the run's volume first
+        (train.evidence, dapo.cluster.evidence), then ``ray stop``."""
+        ev = self.v["train"]["evidence"]
+        if kind != "train" or not ev["enabled"]:
+            return "ray stop"
+        return (f"python -m dapo.cluster.evidence --log-dir '{self.log_dir('train')}' --max-bytes "
+                f"{int(ev['maxBytesPerPod'])} --seconds {go_string(ev['seconds'])}; ray stop")
+
     def train_runtime_env(self) -> dict[str, str]:
         """RAY_OVERRIDE_JOB_RUNTIME_ENV=1, the preset's placement.env, then train.runtimeEnv. The override flag lets
         the driver's own ray.init(runtime_env=...) (the verl backend sets the preset env and its loss module
@@ -77,6 +106,10 @@ class RayJobs(PodTemplates):
         if self.v["train"]["runner"] == "reference":
             # recipe/dapo/runtime_env.yaml's working_dir: the recipe's source tree, in the image
             env["PYTHONPATH"] = self.v["train"]["reference"]["sourceDir"]
+        ack = int(self.v["train"]["retries"]["ackTimeoutSeconds"])
+        # our driver, having recorded why its attempt ends, waits for the answer; the reference recipe records nothing
+        if self.follower_acts and ack > 0 and self.v["train"]["runner"] != "reference":
+            env["DAPO_ACK_TIMEOUT_S"] = str(ack)
         env.update(self.v["train"]["runtimeEnv"])
         return env
 
@@ -200,12 +233,13 @@ class RayJobs(PodTemplates):
         if auth:  # KubeRay sets RAY_AUTH_MODE / RAY_AUTH_TOKEN on every Ray container, its client sends the token
             cluster["authOptions"] = auth
         cluster.update({
-            "headGroupSpec": self.head_group(kind=kind, image=image, presets=presets),
+            "headGroupSpec": self.head_group(kind=kind, image=image, presets=presets,
+                                             pre_stop=self.pre_stop_command(kind)),
         })
         if nodes > 0:
             cluster["workerGroupSpecs"] = [
                 self.worker_group(kind=kind, image=image, nodes=nodes, gpus=gpus, presets=presets,
-                                  logical_gpus=logical_gpus)
+                                  logical_gpus=logical_gpus, pre_stop=self.pre_stop_command(kind))
             ]
         spec["rayClusterSpec"] = cluster
         files = preset_files(v["preset"]) if presets else None

@@ -60,7 +60,8 @@ CHECKOV_REASONS = {
     "CKV_K8S_25": "storage.fixOwnership: the preflight runs the head's ownership step, root with only CHOWN, "
                   "DAC_OVERRIDE and FOWNER, to fail the install where it would fail the head",
     "CKV_K8S_38": "the follower reads the API server: get on this release's RayJobs (by name) and list on the "
-                  "namespace's pods and events (why a run waits); it changes nothing",
+                  "namespace's pods and events (why a run waits); with train.retries the training follower also "
+                  "patches or deletes its RayJob (by name) and deletes the pod of a frozen driver",
     "CKV_K8S_40": "the images' user is uid 1000 as in Ray's own images; runAsNonRoot is enforced",
     "CKV_K8S_43": "the image is pinned by tag only (no digest value set; NOTES warns): make images prints the --set "
                   "of its digest",

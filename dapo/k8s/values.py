@@ -257,6 +257,11 @@ def _check_jobs(v: dict[str, Any]) -> None:
             )
     if v["queue"]["scheduler"] and not v["queue"]["name"]:
         raise ValuesError(f"queue.name: required when queue.scheduler is {q(v['queue']['scheduler'])}")
+    ev = v["train"]["evidence"]
+    if v["train"]["enabled"] and ev["enabled"] and float(ev["seconds"]) >= float(ev["terminationGracePeriodSeconds"]):
+        raise ValuesError(f"train.evidence.seconds: the copy of the logs ({go_string(ev['seconds'])} s) must end within "
+                          f"train.evidence.terminationGracePeriodSeconds ({go_string(ev['terminationGracePeriodSeconds'])}"
+                          " s), which also holds `ray stop`")
 
 
 def _check_ray_resources(v: dict[str, Any]) -> None:

@@ -56,6 +56,7 @@ CAUSES = {
     "no_space": EXIT_NO_SPACE, "interrupted": 130,
 }
 PROGRESS_FILE = "progress.json"
+FAILURES_FILE = "failures.json"  # the follower's record of the run's failures (dapo.cluster.budget)
 VERDICT_FILE = "run-verdict.json"
 ACK_TIMEOUT_ENV = "DAPO_ACK_TIMEOUT_S"
 
@@ -94,6 +95,12 @@ def read_progress(run_dir: Path | str) -> Optional[dict[str, Any]]:
     ``deadline``, ``heartbeat`` (unix seconds), ``heartbeat_every_s``, ``recent`` (each phase's last times); None
     when absent."""
     return read_json(progress_path(run_dir))
+
+
+def evidence_dir(run_dir: Path | str, attempt: int) -> Path:
+    """``<run dir>/evidence/attempt-<N>``: what attempt N left to diagnose it -- the driver's and workers' stacks, the
+    NCCL flight recorder's dumps, and each Ray pod's logs (``<pod>/``, its preStop hook: :mod:`dapo.cluster.evidence`)."""
+    return Path(run_dir) / "evidence" / f"attempt-{int(attempt)}"
 
 
 # -- end records ------------------------------------------------------------------------------------------------------

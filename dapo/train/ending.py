@@ -124,7 +124,7 @@ class AttemptEnd:
 
     @property
     def evidence_dir(self) -> Path:
-        return self.run_dir / "evidence" / f"attempt-{self.attempt}"
+        return attempts.evidence_dir(self.run_dir, self.attempt)
 
     # -- the common end ------------------------------------------------------------------------------------------------
     def finish(self, cause: str, message: str, *, step: int, phase: Optional[str] = None, final: bool = False,

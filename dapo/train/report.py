@@ -166,6 +166,28 @@ def text_summary(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def attempts_summary(run: Path) -> list[str]:
+    """How the run's attempts ended (their end records), where their evidence is, and what the log follower did
+    (``failures.json``: failures counted, nodes left out, why it stopped the run); no line when there is none."""
+    from dapo.train import attempts
+
+    lines = []
+    ends = attempts.end_records(run / "logs")
+    if ends:
+        lines.append("attempts: " + "; ".join(f"{e['attempt']} {e.get('cause')} at step {e.get('step')}"
+                                              for e in ends[-10:]))
+    root = attempts.evidence_dir(run, 0).parent
+    kept = sorted((d.name for d in root.iterdir() if d.is_dir()), key=lambda x: (len(x), x)) if root.is_dir() else []
+    if kept:
+        lines.append(f"evidence: {root} ({', '.join(kept)})")
+    record = attempts.read_json(run / attempts.FAILURES_FILE)
+    if record:
+        out = ", ".join(e["node"] for e in record.get("left_out") or []) or "none"
+        lines.append(f"the follower counted {len(record.get('failures') or [])} failed attempt(s); nodes left out: {out}"
+                     + (f"; it stopped the run: {record['stopped']['why']}" if record.get("stopped") else ""))
+    return lines
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="dapo report", description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="run directory (holds metrics.jsonl), e.g. runs/tiny; an evaluation directory "
@@ -205,6 +227,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     records = read_jsonl(run / "metrics.jsonl")
     print(text_summary(records))
+    for line in attempts_summary(run):
+        print(line)
     if args.json and records:
         print(json.dumps(records[-1], indent=2, sort_keys=True))
     print(f"plots: {png}")

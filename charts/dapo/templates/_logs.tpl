@@ -18,6 +18,38 @@ the overrides, or, with train.runner reference, the --log-dir of the reference e
 {{- end -}}
 
 {{/*
+"true" when the training RayJob's follower acts between attempts (train.retries: nodes left out, the failure
+budget, the heartbeat backstop; dapo.cluster.keeper). dapo.k8s.followers.LogFollowers.follower_acts is the twin.
+*/}}
+{{- define "dapo.followerActs" -}}
+{{- $r := .Values.train.retries -}}
+{{- if and .Values.logs.enabled .Values.train.enabled (or $r.leaveOutNodes.enabled $r.failureBudget.enabled (gt (int $r.heartbeatTimeoutSeconds) 0)) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The training follower's options for what it does between attempts (JSON list; [] for the evaluation's).
+Usage: include "dapo.followerActArgs" (dict "root" $ "kind" "train")
+*/}}
+{{- define "dapo.followerActArgs" -}}
+{{- $r := .root.Values.train.retries -}}
+{{- $args := list -}}
+{{- if and (eq .kind "train") (include "dapo.followerActs" .root) -}}
+{{- if $r.leaveOutNodes.enabled -}}
+{{- $args = concat $args (list "--leave-out-nodes" (toString (int $r.leaveOutNodes.max))) -}}
+{{- end -}}
+{{- with $r.failureBudget -}}
+{{- if .enabled -}}
+{{- $args = concat $args (list "--max-failures" (toString (int .maxFailures)) "--failure-window-hours" (toString .windowHours) "--same-cause" (toString (int .sameCauseInARow))) -}}
+{{- end -}}
+{{- end -}}
+{{- if gt (int $r.heartbeatTimeoutSeconds) 0 -}}
+{{- $args = concat $args (list "--heartbeat-timeout" (toString (int $r.heartbeatTimeoutSeconds))) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $args -}}
+{{- end -}}
+
+{{/*
 The evaluation's checkpoint and output directories (JSON): eval.checkpointDir / eval.outputDir or the preset's.
 */}}
 {{- define "dapo.evalDirs" -}}
@@ -67,7 +99,8 @@ once (podFailurePolicy), evictions do not count.
 {{- end -}}
 {{- $pinned := include "dapo.followerImage" . | fromJson -}}
 {{- $image := include "dapo.imageRef" $pinned -}}
-{{- $args := dict "root" $root "kind" .kind "image" $image "logDir" $logDir "rayjob" $rayjob -}}
+{{- $acts := and (eq .kind "train") (include "dapo.followerActs" $root) -}}
+{{- $args := dict "root" $root "kind" .kind "image" $image "logDir" $logDir "rayjob" $rayjob "writes" $acts -}}
 apiVersion: batch/v1
 kind: Job
 metadata:
@@ -143,10 +176,11 @@ tolerations:
 {{- end }}
 {{ include "dapo.followerContainers" . }}
 volumes:
+  # read-only, but for the training follower that answers each attempt (train.retries: its acks, failures.json)
   - name: shared
     persistentVolumeClaim:
       claimName: {{ include "dapo.claimName" $root }}
-      readOnly: true
+      readOnly: {{ not .writes }}
   - name: state
     emptyDir:
       sizeLimit: 1Mi
@@ -172,7 +206,7 @@ initContainers:
     restartPolicy: Always
     command: ["python", "-m", "dapo.cluster.follow"]
     args:
-      {{- toYaml (list "--log-dir" $logDir "--rayjob" $rayjob "--backoff-limit" (toString (int $job.backoffLimit)) "--state-dir" "/state" "--sidecar" "--release" $root.Release.Name "--kind" .kind "--claim" (include "dapo.claimName" $root)) | nindent 6 }}
+      {{- toYaml (concat (list "--log-dir" $logDir "--rayjob" $rayjob "--backoff-limit" (toString (int $job.backoffLimit)) "--state-dir" "/state" "--sidecar" "--release" $root.Release.Name "--kind" .kind "--claim" (include "dapo.claimName" $root)) (include "dapo.followerActArgs" . | fromJsonArray)) | nindent 6 }}
     env:
       - name: POD_NAMESPACE
         valueFrom:
@@ -189,7 +223,7 @@ initContainers:
     volumeMounts:
       - name: shared
         mountPath: {{ $v.storage.mountPath }}
-        readOnly: true
+        readOnly: {{ not .writes }}
       - name: state
         mountPath: /state
 containers:

@@ -134,6 +134,16 @@ securityContext:
 {{- end -}}
 
 {{/*
+terminationGracePeriodSeconds of the training RayJob's pods when they copy their logs (train.evidence): the copy
+and `ray stop` must end within it. Empty otherwise. Usage: include "dapo.evidenceGrace" (dict "root" $ "kind" $k)
+*/}}
+{{- define "dapo.evidenceGrace" -}}
+{{- if and (eq .kind "train") .root.Values.train.evidence.enabled -}}
+terminationGracePeriodSeconds: {{ .root.Values.train.evidence.terminationGracePeriodSeconds | int }}
+{{- end -}}
+{{- end -}}
+
+{{/*
 Annotations of a Ray pod: the do-not-disrupt pair (disruption.doNotDisrupt), then the group's own (they win), then
 checkov's skips with their reasons (dapo.rayPodSkips of the pod's spec).
 Usage: include "dapo.podAnnotations" (dict "root" $ "own" $v.head.annotations "skips" $list); empty when there are none.
@@ -152,9 +162,23 @@ Usage: include "dapo.podAnnotations" (dict "root" $ "own" $v.head.annotations "s
 {{- end -}}
 
 {{/*
+The preStop command of a Ray container: the training RayJob's pods first copy their Ray logs to the run's volume
+(train.evidence, dapo.cluster.evidence), then `ray stop`. dapo.k8s.rayjobs.RayJobs.pre_stop_command is the twin.
+Usage: include "dapo.preStopCommand" (dict "root" $ "kind" "train"|"eval")
+*/}}
+{{- define "dapo.preStopCommand" -}}
+{{- $ev := .root.Values.train.evidence -}}
+{{- if and (eq .kind "train") $ev.enabled -}}
+{{- printf "python -m dapo.cluster.evidence --log-dir %s --max-bytes %d --seconds %v; ray stop" (include "dapo.trainLogDir" .root | squote) (int64 $ev.maxBytesPerPod) $ev.seconds -}}
+{{- else -}}
+ray stop
+{{- end -}}
+{{- end -}}
+
+{{/*
 Container-level settings shared by the Ray containers (head and workers). A GPU worker checks its NVIDIA driver at
 start (postStart): a driver too old for the image's CUDA fails the pod with that message in its events.
-Usage: include "dapo.rayContainerCommon" (dict "root" $ "gpuCheck" true|false)
+Usage: include "dapo.rayContainerCommon" (dict "root" $ "gpuCheck" true|false "kind" "train"|"eval")
 */}}
 {{- define "dapo.rayContainerCommon" -}}
 lifecycle:
@@ -165,7 +189,7 @@ lifecycle:
   {{- end }}
   preStop:
     exec:
-      command: ["/bin/sh", "-c", "ray stop"]
+      command: ["/bin/sh", "-c", {{ include "dapo.preStopCommand" . | quote }}]
 {{- $sc := deepCopy (.root.Values.securityContext | default dict) -}}
 {{- if .root.Values.ipcLock -}}
 {{- $caps := deepCopy ($sc.capabilities | default dict) -}}
@@ -399,7 +423,7 @@ headGroupSpec:
         {{- . | nindent 8 }}
       {{- end }}
     spec:
-      {{- with (include "dapo.podCommon" $root | trim) }}
+      {{- with (printf "%s\n%s" (include "dapo.podCommon" $root) (include "dapo.evidenceGrace" .) | trim) }}
       {{- . | nindent 6 }}
       {{- end }}
       {{- with $v.head.restartPolicy }}
@@ -464,7 +488,7 @@ loopback). Same arguments as dapo.rayJob.
     {{- toYaml $v.head.resources | nindent 4 }}
   volumeMounts:
     {{- include "dapo.volumeMounts" (dict "root" $root "presets" .presets "extra" $v.head.extraVolumeMounts) | nindent 4 }}
-  {{- include "dapo.rayContainerCommon" (dict "root" $root "gpuCheck" false) | nindent 2 }}
+  {{- include "dapo.rayContainerCommon" (dict "root" $root "gpuCheck" false "kind" .kind) | nindent 2 }}
 {{- end -}}
 
 {{/*
@@ -491,7 +515,7 @@ The RayJob's one worker group: nodes replicas, logical GPUs on CPU (num-gpus, nu
         {{- . | nindent 8 }}
       {{- end }}
     spec:
-      {{- with (include "dapo.podCommon" $root | trim) }}
+      {{- with (printf "%s\n%s" (include "dapo.podCommon" $root) (include "dapo.evidenceGrace" .) | trim) }}
       {{- . | nindent 6 }}
       {{- end }}
       {{- with $v.worker.runtimeClassName }}
@@ -579,5 +603,5 @@ dapo.rayJob.
     {{- toYaml $res | nindent 4 }}
   volumeMounts:
     {{- include "dapo.volumeMounts" (dict "root" $root "presets" .presets "hfToken" (include "dapo.hfTokenHere" (dict "root" $root "head" false "kind" .kind)) "extra" $v.worker.extraVolumeMounts) | nindent 4 }}
-  {{- include "dapo.rayContainerCommon" (dict "root" $root "gpuCheck" (gt (int .gpus) 0)) | nindent 2 }}
+  {{- include "dapo.rayContainerCommon" (dict "root" $root "gpuCheck" (gt (int .gpus) 0) "kind" .kind) | nindent 2 }}
 {{- end -}}

@@ -136,7 +136,7 @@ Usage: include "dapo.tagOnly" (dict "digest" $d ...)
   "CKV_K8S_15" "image.pullPolicy IfNotPresent: a pod starts without asking the registry once its node holds the image; pinned by digest that copy is the pushed image, pinned by tag NOTES warns that it may be an older push under the same tag"
   "CKV_K8S_22" "torch's import and the CUDA check write caches under HOME and /tmp"
   "CKV_K8S_25" "storage.fixOwnership: the preflight runs the head's ownership step, root with only CHOWN, DAC_OVERRIDE and FOWNER, to fail the install where it would fail the head"
-  "CKV_K8S_38" "the follower reads the API server: get on this release's RayJobs (by name) and list on the namespace's pods and events (why a run waits); it changes nothing"
+  "CKV_K8S_38" "the follower reads the API server: get on this release's RayJobs (by name) and list on the namespace's pods and events (why a run waits); with train.retries the training follower also patches or deletes its RayJob (by name) and deletes the pod of a frozen driver"
   "CKV_K8S_40" "the images' user is uid 1000 as in Ray's own images; runAsNonRoot is enforced"
   "CKV_K8S_43" "the image is pinned by tag only (no digest value set; NOTES warns): make images prints the --set of its digest"
   "CKV_K8S_8:submitter" "KubeRay's K8sJobMode submitter runs ray job submit, then follows the job's logs to its end, and serves nothing: no liveness probe"

@@ -104,6 +104,10 @@ Part of dapo.validate: the RayJobs' lifecycle under KubeRay v1.7 and the queue.
 {{- if and $v.queue.scheduler (not $v.queue.name) -}}
 {{- fail (printf "queue.name: required when queue.scheduler is %q" $v.queue.scheduler) -}}
 {{- end -}}
+{{- $ev := $v.train.evidence -}}
+{{- if and $v.train.enabled $ev.enabled (ge (float64 $ev.seconds) (float64 $ev.terminationGracePeriodSeconds)) -}}
+{{- fail (printf "train.evidence.seconds: the copy of the logs (%v s) must end within train.evidence.terminationGracePeriodSeconds (%v s), which also holds `ray stop`" $ev.seconds $ev.terminationGracePeriodSeconds) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

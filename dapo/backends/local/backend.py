@@ -154,9 +154,9 @@ class LocalBackend(Generation, PolicyUpdate, Backend):
         return sum(p.numel() for p in self.model.parameters())
 
     def weights_finite(self) -> bool:
-        """Every parameter finite (one reduction per tensor, on the model's device)."""
+        """Every parameter finite (a reduction per tensor on the model's device, one host sync for all)."""
         with torch.no_grad():
-            return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+            return bool(torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all())
 
     def checkpoint_bytes(self) -> int:
         """The weights and AdamW's two moments (same dtype as the weights), as :meth:`save_checkpoint` writes."""

@@ -26,6 +26,7 @@ tests, or without the variables importing it does nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -69,11 +70,11 @@ def patch_process_group_timeout(seconds: int) -> bool:
     if getattr(fn, MARK, False):
         return False
 
+    @functools.wraps(fn)  # __wrapped__: the CPU platform's patch reads verl's own source through it
     def initialize_global_process_group_ray(timeout_second: Any = None, backend: Any = None, *args: Any,
                                             **kwargs: Any) -> Any:
         return fn(seconds if timeout_second is None else timeout_second, backend, *args, **kwargs)
 
-    initialize_global_process_group_ray.__doc__ = fn.__doc__
     setattr(initialize_global_process_group_ray, MARK, True)
     dist.initialize_global_process_group_ray = initialize_global_process_group_ray
     workers = sys.modules.get("verl.workers.engine_workers")
