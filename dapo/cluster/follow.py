@@ -51,7 +51,6 @@ from typing import Optional
 from dapo.cluster import keeper as keeping
 from dapo.cluster.rayjob_api import ApiUnavailable, RayJobApi, RayJobStatus
 from dapo.cluster.waits import Waits
-from dapo.train import attempts
 from dapo.train.runlog import attempt_numbers, exit_code_of, started_at
 
 SUCCEEDED, FAILED = 0, 1
@@ -295,7 +294,6 @@ class Follower:
         fresh = self._poll_status()
         self._explain()
         if self.keeper is not None:
-            attempts.write_follower_beat(self.log_dir)  # drivers wait for its answers while it beats
             self.keeper.step(self.status, self.state["attempt"], lambda n: bool(self._owned(n)),
                              self.waits.last if self.waits else None, fresh)
         if self.state["attempt"] is None:
