@@ -112,7 +112,7 @@ def _with_d(d: float) -> list[float]:
 
 def test_the_verdict_threshold_is_two_seed_standard_deviations_on_both_sides():
     """|d| >= 2 is "yes", below it "within noise", for either sign of the paper's effect: a threshold of 1 would turn
-    docs/ablation.md's d = -1.1 and +1.1 verdicts into "yes", and one of 3 would call d = 2.5 "within noise"."""
+    d = -1.1 and +1.1 into "yes", and one of 3 would call d = 2.5 "within noise"."""
     base = [0.0, 1.0, 2.0]
     for d, sign, verdict in [
         (1.5, +1, "same direction, within noise"), (1.1, +1, "same direction, within noise"),

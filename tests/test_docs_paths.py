@@ -107,5 +107,5 @@ def test_a_claim_that_something_is_tested_names_a_test_that_exists():
                 seen += 1
                 if m.group(1) not in tests:
                     stale.append(f"{where}: {m.group(1)}")
-    assert seen > 50, seen
+    assert seen > 10, seen  # docs/rehearsed.md names the tests behind each rehearsal: the reader finds them
     assert not stale, "the docs name tests that do not exist:\n" + "\n".join(stale)

@@ -83,7 +83,7 @@ FIT_KEYS = ROOT / "tests" / "fixtures" / "verl_fit_keys.json"
 # verl's compute_data_metrics (float32 torch) vs dapo.train.step_metrics (float64 numpy) on the same batch
 FIT_REL = 1e-6
 # the order of verl's calls in a real fit() on these workers with this cadence (STEPS, save_freq 1, TEST_FREQ),
-# recorded by `dapo bench verl-fit --record-calls` (dapo.bench.verl_calls; regenerate: docs/verl.md)
+# recorded by `dapo bench verl-fit --record-calls` (dapo.bench.verl_calls; regenerate: docs/development.md)
 FIT_CALLS = ROOT / "tests" / "fixtures" / "verl_fit_calls.json"
 
 
