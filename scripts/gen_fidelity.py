@@ -183,96 +183,87 @@ RENAMED: dict[str, tuple[str, str]] = {
 
 # Documented value differences: reference key -> reason. Every difference must be here, and every entry must differ.
 DEVIATIONS: dict[str, str] = {
-    "data.train_files": "Deployment path only: the file on the cluster's shared volume (same content).",
-    "data.val_files": "Deployment path only: the file on the cluster's shared volume (same content).",
+    "data.train_files": "Deployment path only: the same file on the cluster's shared volume.",
+    "data.val_files": "Deployment path only: the same file on the cluster's shared volume.",
     "actor_rollout_ref.model.path": "The Hugging Face id of the same weights (the reference points at a local "
-    "download of Qwen2.5-32B); `recipe.model.path=<dir>` uses a local copy.",
+    "download); `recipe.model.path=<dir>` uses a local copy.",
     "trainer.default_local_dir": "Deployment path only: checkpoints on the shared volume, so a restarted job "
     "resumes from them.",
     "trainer.max_actor_ckpt_to_keep": "Retention, not the recipe: the reference keeps every checkpoint (~400 GB "
     "each for 32B with optimizer state, one per `save_freq` = 5 steps), which fills any volume long before the run "
-    "ends and then fails every retry at its next save. `recipe.trainer.max_ckpt_to_keep: 3` keeps the newest three; "
-    "`dapo.train.checkpoint` deletes older ones (atomic rename to trash, so a kill mid-deletion never damages a "
-    "checkpoint), for both backends (verl itself is told to delete nothing: its rotation forgets earlier attempts). "
-    "The checkpoint with the best validation score so far is never deleted (kept besides the newest three).",
+    "ends and then fails every retry at its next save. The newest three and the best-scoring one stay, for both "
+    "backends ([storage.md](storage.md#checkpoints-and-retention)).",
     "trainer.total_training_steps": "Run length (full only): the paper's run reached its score at about 320 rollout "
-    "steps (its ~5,000 steps are gradient steps, 16 per rollout step; a DAPO author in verl issue #795), while the "
-    "reference's `total_epochs: 1` over the hub file (1,791,700 rows, each problem ~100x) is 1,166 rollout steps, "
-    "3.6x the paper's run. `recipe.trainer.total_training_steps=null` (an override; Helm: `overrides: "
-    "[recipe.trainer.total_training_steps=null]`) restores the one-epoch setting. `early` keeps one epoch (3,499 "
-    "rollout steps): no public source gives the step at which the early run reached its score.",
-    "actor_rollout_ref.actor.strategy": "FSDP2 (`fully_shard`) instead of FSDP1. verl's README recommends it "
-    "('better throughput and memory usage', and CPU offload that is correct under gradient accumulation); it is "
-    "the FSDP the CPU run exercises end to end (update, save, resume, export), so the GPU presets run the tested "
-    "path. Same loss and optimizer; the numbers differ only by reduction order. The passthrough "
-    "`actor_rollout_ref.actor.strategy=fsdp` selects FSDP1 again, a path no test here runs.",
+    "steps, while the reference's `total_epochs: 1` over the hub file is 1,166 rollout steps, 3.6x that "
+    "([reproduce.md](reproduce.md#3-steps-and-epochs-what-the-numbers-mean)); the override "
+    "`recipe.trainer.total_training_steps=null` restores the one epoch. `early` keeps one epoch (3,499 rollout "
+    "steps): no public source gives the step at which the early run reached its score.",
+    "actor_rollout_ref.actor.strategy": "FSDP2 (`fully_shard`) instead of FSDP1: verl's README recommends it "
+    "('better throughput and memory usage', CPU offload correct under gradient accumulation), and the CPU run "
+    "exercises it end to end (update, save, resume, export). Same loss and optimizer; numbers differ only by "
+    "reduction order. The passthrough `actor_rollout_ref.actor.strategy=fsdp` selects FSDP1, a path no test here runs.",
     "actor_rollout_ref.ref.strategy": "Follows `actor.strategy` (verl interpolates it): FSDP2, as above.",
-    "actor_rollout_ref.rollout.max_model_len": "Same context as the reference: its vLLM rollout took "
-    "`max_model_len or prompt_length + response_length`; verl 0.9.1 instead derives a null one from its copy of the "
-    "model config (Qwen2.5-32B: 131,072; 7b with its override: 32,768, which vLLM refuses because it reads the "
-    "model's own 4,096). Set explicitly to prompt + response; a position override reaches vLLM through "
+    "actor_rollout_ref.rollout.max_model_len": "Same context as the reference, whose vLLM rollout took "
+    "`max_model_len or prompt_length + response_length`; verl 0.9.1 derives a null one from its copy of the model "
+    "config (Qwen2.5-32B: 131,072; 7b with its override: 32,768, which vLLM refuses: it reads the model's own "
+    "4,096). Set to prompt + response; a position override reaches vLLM through "
     "`rollout.engine_kwargs.vllm.hf_overrides`.",
-    "actor_rollout_ref.actor.checkpoint.contents": "No `hf_model`. At the reference commit `hf_model` wrote the HF "
-    "config and tokenizer only (verl 0.9.1 writes those for every checkpoint anyway); in 0.9.1 it makes rank 0 "
-    "gather and write the full fp32 model every `save_freq` steps -- for 32B ~122 GiB of host memory on one pod and "
-    "~131 GB more per checkpoint, while every other rank waits at a barrier. `dapo eval export` merges the FSDP "
-    "shards into the same HF weights when a checkpoint is scored (tested against verl's own model merger).",
+    "actor_rollout_ref.actor.checkpoint.contents": "No `hf_model`: at the reference commit it wrote the HF config and "
+    "tokenizer only (0.9.1 writes those anyway); in 0.9.1 it makes rank 0 gather and write the full fp32 model every "
+    "`save_freq` steps (for 32B ~122 GiB of host memory on one pod and ~131 GB more per checkpoint, every other rank "
+    "waiting at a barrier). `dapo eval export` merges the FSDP shards into the same HF weights (tested against verl's "
+    "model merger).",
 }
 
 # Deviations that are not a config value: how the run differs from the reference beyond its keys.
 BEHAVIOUR: list[tuple[str, str]] = [
     (
         "Dynamic sampling runs in our loop, not in verl's trainer",
-        "verl 0.9.1 ships no DAPO trainer: its legacy trainer ignores `algorithm.filter_groups` and its v1 trainer "
-        "replaces dynamic sampling by a replay buffer. `dapo.train.loop` with `dapo.sampler.DynamicSampler` implements the "
-        "reference's `RayDAPOTrainer.fit` rule: keep a prompt group when the std of its metric is > 0 (or it has a "
-        "single response), add generation batches of `gen_batch_size` prompts until `train_batch_size` groups are "
-        "kept, keep the first `train_batch_size * n` responses, fail after `max_num_gen_batches`. "
-        "`algorithm.filter_groups.*` is still written into verl's config so the printed config states the recipe.",
+        "verl 0.9.1 ships no DAPO trainer (its legacy trainer ignores `algorithm.filter_groups`, its v1 trainer "
+        "replaces dynamic sampling by a replay buffer). `dapo.train.loop` with `dapo.sampler.DynamicSampler` "
+        "implements the reference's `RayDAPOTrainer.fit` rule: keep a group when the std of its metric is > 0 (or it "
+        "has one response), add batches of `gen_batch_size` prompts until `train_batch_size` groups are kept, keep "
+        "the first `train_batch_size * n` responses, fail after `max_num_gen_batches`. `algorithm.filter_groups.*` "
+        "is still written into verl's config so the printed config states the recipe.",
     ),
     (
         "Token-mean normalisation (full recipe): mini-batch instead of micro-batch",
-        "verl 0.9.1 divides each micro-batch's token loss by the valid tokens of the whole mini-batch (all "
-        "data-parallel ranks; `global_batch_info`), i.e. paper eq. 12 over the mini-batch. The reference commit took "
-        "the token mean of each micro-batch and weighted it by the micro-batch's share of sequences "
-        "(`loss * len(micro) / ppo_mini_batch_size_per_gpu`), so with dynamic batch sizes tokens in short micro-batches "
-        "weigh more. `recipe.actor.token_mean_scope: microbatch` selects the reference behaviour "
-        "(`loss_mode=dapo_microbatch`); the default `minibatch` (`loss_mode=dapo`) gives verl 0.9.1's numbers. "
-        "For `seq-mean-token-mean` (early recipe) both are identical.",
+        "verl 0.9.1 divides each micro-batch's token loss by the valid tokens of the whole mini-batch over all "
+        "data-parallel ranks (eq. 12 over the mini-batch); the reference took each micro-batch's token mean weighted "
+        "by its share of sequences (`loss * len(micro) / ppo_mini_batch_size_per_gpu`), so with dynamic batch sizes "
+        "tokens in short micro-batches weigh more. `recipe.actor.token_mean_scope: microbatch` "
+        "(`loss_mode=dapo_microbatch`) selects the reference's; the default `minibatch` (`loss_mode=dapo`) gives "
+        "verl 0.9.1's. Identical for `seq-mean-token-mean` (early).",
     ),
     (
         "The policy loss is ours, registered in verl",
-        "`actor_rollout_ref.actor.policy_loss.loss_mode=dapo` selects `dapo.loss.policy_loss` (decoupled clip, dual "
-        "clip c = 10, the agg modes) through verl's policy-loss registry; tests prove it equals verl 0.9.1's "
-        "`compute_policy_loss_vanilla` + `agg_loss` for the same config.",
+        "`actor_rollout_ref.actor.policy_loss.loss_mode=dapo` selects `dapo.loss.policy_loss` through verl's "
+        "policy-loss registry; tests prove it equals `compute_policy_loss_vanilla` + `agg_loss`.",
     ),
     (
         "Rewards: our verifier, verl's reward loop as a cross-check",
-        "The loop scores with `dapo.reward` (DAPO's rule-based verifier + soft overlong punishment; tests prove the "
-        "same numbers as verl's `math_dapo` and `DAPORewardManager`), placed like verl on the last valid response "
-        "token, once per response. verl 0.9.1's reward loop (`reward.reward_manager.name=dapo`) scores every "
-        "rollout again on the workers only with `recipe.reward.verl_agreement: true`; the agreement is then logged "
-        "as `reward/verl_agreement`.",
+        "`dapo.reward` scores once per response on the driver (the same numbers as verl's `math_dapo` and "
+        "`DAPORewardManager`), placed like verl on the last valid token; verl's reward loop "
+        "(`reward.reward_manager.name=dapo`) scores again on the workers only with `recipe.reward.verl_agreement: "
+        "true` (`reward/verl_agreement`).",
     ),
     (
         "Rollout stack of verl 0.9.1",
-        "0.9.1 serves vLLM as asynchronous replicas driven by its agent loop (`rollout.mode=async`) and syncs weights "
-        "through its checkpoint engine; the reference ran vLLM in-process (SPMD). Sampling parameters are the same; "
-        "0.9.1 also returns the rollout's own log-probs (`calculate_log_probs`), used only for the `mean_prob` "
-        "metric -- pi_old is recomputed by the actor as in the reference.",
+        "vLLM as asynchronous replicas driven by the agent loop (`rollout.mode=async`), weights synced through the "
+        "checkpoint engine; the reference ran vLLM in-process (SPMD). Same sampling parameters; the rollout's own "
+        "log-probs feed only the `mean_prob` metric: pi_old is recomputed by the actor, as in the reference.",
     ),
     (
         "Batch balancing for every pass, on a copy for the log-probs",
-        "The reference reorders the whole batch (`balance_batch`) before recomputing pi_old. The loop gives the "
-        "old-log-prob pass (and, with a KL loss, the reference log-probs) a copy in verl's balanced data-parallel "
-        "order, whose outputs come back in the batch's own order, and balances the update with the same "
-        "partitioning: every pass balanced as in `fit()`, and the mini-batches are the reference's.",
+        "The reference reorders the whole batch (`balance_batch`) before recomputing pi_old; the loop balances a copy "
+        "for the old (and reference) log-probs, whose outputs come back in the batch's order, and the update with the "
+        "same partitioning: every pass balanced as in `fit()`, the mini-batches the reference's.",
     ),
     (
         "Checkpoints and resume",
-        "The loop writes its checkpoints (weights/optimizer through verl's `save_checkpoint`, plus the loop and "
-        "sampler state) under `trainer.default_local_dir` and resumes from the latest with `resume_mode: auto`; the "
-        "reference used verl's `global_step_N` layout.",
+        "The loop's checkpoints (weights and optimizer through verl's `save_checkpoint`, plus the loop and sampler "
+        "state) under `trainer.default_local_dir`, resumed with `resume_mode: auto`; the reference used verl's "
+        "`global_step_N` layout.",
     ),
 ]
 
@@ -377,26 +368,41 @@ def render() -> str:
     for ref_key, (key, why) in RENAMED.items():
         out.append(f"| `{ref_key}` | `{key}` | {why} |")
     scripts = {name: results[name][1] for name in PRESETS}
-    out += ["", "## Every key, both presets", "",
-            "Each cell: the reference's value, and ours after an arrow where it differs (a **deviation**, explained "
-            "below). " + "; ".join(f"`{n}` = `{s}`" for n, s in scripts.items()) + ".", "",
-            "| reference key | verl 0.9.1 key (renamed) | preset key | " + " | ".join(f"`{n}`" for n in PRESETS) + " |",
-            "|---|---|---|" + "---|" * len(PRESETS)]
     by_key: dict[str, dict[str, dict[str, Any]]] = {}
     for name in PRESETS:
         for r in results[name][0]:
             by_key.setdefault(r["ref_key"], {})[name] = r
+
+    def preset_cell(r: dict[str, Any]) -> str:
+        p = r["preset"]
+        return f"`{p}`" if p and not p.startswith("fixed") else p.replace("fixed in ", "fixed: ")
+
+    def alike(per: dict[str, dict[str, Any]]) -> bool:
+        return len(per) == len(PRESETS) and len({r["ref"] for r in per.values()}) == 1 and all(
+            r["status"] != "deviation" for r in per.values())
+
+    out += ["", "## Every key", "",
+            "Reference keys under their reference names (renamed ones in verl 0.9.1: the table above); "
+            + "; ".join(f"`{n}` = `{s}`" for n, s in scripts.items()) + ". Where a preset deviates, the cell shows "
+            "the reference's value, an arrow and ours (a **deviation**, explained below).", "",
+            "**The same in both presets, and as in the reference:**", "",
+            "| reference key | preset key | value |", "|---|---|---|"]
     for ref_key, per in by_key.items():
-        first = next(iter(per.values()))
-        key = "" if first["key"] == first["raw_key"] else f"`{first['key']}`"
-        preset = first["preset"]
-        preset = f"`{preset}`" if preset and not preset.startswith("fixed") else preset.replace("fixed in ", "fixed: ")
+        if alike(per):
+            r = next(iter(per.values()))
+            out.append(f"| `{ref_key}` | {preset_cell(r)} | {r['ref']} |")
+    out += ["", "**Different between the presets, or a deviation:**", "",
+            "| reference key | preset key | " + " | ".join(f"`{n}`" for n in PRESETS) + " |",
+            "|---|---|" + "---|" * len(PRESETS)]
+    for ref_key, per in by_key.items():
+        if alike(per):
+            continue
         cells = []
         for name in PRESETS:
             r = per.get(name)
             cells.append("" if r is None else r["ref"] if r["status"] != "deviation"
                          else f"{r['ref']} -> {r['ours']} **deviation**")
-        out.append(f"| `{ref_key}` | {key} | {preset} | " + " | ".join(cells) + " |")
+        out.append(f"| `{ref_key}` | {preset_cell(next(iter(per.values())))} | " + " | ".join(cells) + " |")
     out += ["", "## Deviations", ""]
     seen: dict[str, list[str]] = {}
     for name in PRESETS:

@@ -9,6 +9,14 @@ import numpy as np
 
 from dapo.backends.base import Backend, Rollout, Sampling
 
+# metrics measured on the wall clock: they differ between two runs of the same seed (the tests compare the rest)
+WALL_CLOCK = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "perf/mfu/")
+
+
+def wall_clock(name: str) -> bool:
+    """Whether ``name`` is a wall-clock measurement (:data:`WALL_CLOCK`)."""
+    return name.startswith(WALL_CLOCK)
+
 # A tiny-preset variant that runs in seconds: a 1-layer model of hidden 64, a short warm start, few steps.
 SMALL_TINY = [
     "local.model.hidden_size=64",

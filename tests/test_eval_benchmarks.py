@@ -16,6 +16,7 @@ from dapo.data import benchmarks
 from dapo.eval import results as eval_results
 from dapo.data.files import write_rows
 from dapo.eval.scoring import math_verify_answer
+from eval_support import read_results
 from test_eval_client import FakeOpenAI
 
 pytest.importorskip("math_verify")
@@ -108,7 +109,7 @@ def test_all_checkpoints_all_benchmarks_one_serving_each_and_one_results_table(t
     assert fake_serving["stop"] == [False, False, True]
     assert not (out / "global_step_40").exists(), "a checkpoint still being written is never picked"
 
-    table = eval_results.read_results(out / "results.csv")
+    table = read_results(out / "results.csv")
     assert [(r["step"], r["benchmark"]) for r in table] == [(s, n) for s in (10, 20, 30) for n in sorted(GIVEN)]
     by = {(r["step"], r["benchmark"]): r for r in table}
     for s in (10, 20, 30):
@@ -135,7 +136,7 @@ def test_all_checkpoints_all_benchmarks_one_serving_each_and_one_results_table(t
     (run / "checkpoints" / "global_step_40" / "COMPLETE").write_text("40\n")
     assert evaluate.main(argv) == 0
     assert fake_serving["start"][3:] == ["run-step40"]
-    assert [r["step"] for r in eval_results.read_results(out / "results.csv")] == [10] * 3 + [20] * 3 + [30] * 3 + [
+    assert [r["step"] for r in read_results(out / "results.csv")] == [10] * 3 + [20] * 3 + [30] * 3 + [
         40] * 3
 
 
@@ -209,12 +210,12 @@ def test_score_rescores_stored_answers_without_an_endpoint(tmp_path, fake_servin
     summary["metrics_by_scorer"] = {"dapo": summary["metrics"]}
     (d / "summary.json").write_text(json.dumps(summary))
     eval_results.write_results(out)
-    assert eval_results.read_results(out / "results.csv")[0]["avg_math_verify"] is None
+    assert read_results(out / "results.csv")[0]["avg_math_verify"] is None
     n_requests = len(fake_serving["srv"].requests)
     assert evaluate.main(["score", str(out)]) == 0
     assert len(fake_serving["srv"].requests) == n_requests and len(fake_serving["start"]) == 1, "no generation"
     again = json.loads((d / "summary.json").read_text())
     assert again["metrics_by_scorer"]["math_verify"]["acc/mean@2"] == pytest.approx(2 / 3)
     assert again["config"]["checkpoint"]["step"] == 1, "the run's checkpoint record is kept"
-    assert eval_results.read_results(out / "results.csv")[0]["avg_math_verify"] == pytest.approx(2 / 3)
+    assert read_results(out / "results.csv")[0]["avg_math_verify"] == pytest.approx(2 / 3)
     assert evaluate.main(["score", str(tmp_path / "nothing-here")]) == 2

@@ -224,7 +224,7 @@ def test_three_benchmarks_prepare_check_and_score_over_checkpoints_killed_and_re
     from dapo.data import cli as data_cli
     from dapo.data import prepare as data
     from dapo.data.benchmarks import get
-    from dapo.eval.results import read_results
+    from eval_support import read_results
     from test_data import aime25_raw, duplicated, math500_raw, write, write_jsonl
 
     py = eval_python()

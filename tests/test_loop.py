@@ -13,10 +13,9 @@ from dapo.config import load_preset
 from dapo.train.health import EXIT_SAMPLER_EXHAUSTED
 from dapo.train.loop import DAPOLoop
 from dapo.train.stream import PromptStream
-from dapo.train.metric_names import wall_clock
 from dapo.train.metrics import METRICS, describe, read_jsonl
 from dapo.reward import compute_score
-from loop_support import ScriptedBackend, make_rows
+from loop_support import ScriptedBackend, make_rows, wall_clock
 
 BASE = [
     "recipe.data.train_batch_size=4",

@@ -15,9 +15,8 @@ import pytest
 
 from conftest import ROOT
 from dapo.train.checkpoint import complete_steps
-from dapo.train.metric_names import wall_clock
 from dapo.train.metrics import read_jsonl
-from loop_support import SMALL_TINY
+from loop_support import SMALL_TINY, wall_clock
 
 STEPS = 6
 OVERRIDES = SMALL_TINY + [

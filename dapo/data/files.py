@@ -1,8 +1,10 @@
-"""DAPO-schema parquet files: read, check (streaming, bounded memory), de-duplicate, load and write.
+"""DAPO-schema parquet files: check (streaming, bounded memory), de-duplicate, write, and read the rows a run trains on.
 
-Every reader validates against :mod:`dapo.data.schema` and raises :class:`dapo.data.parquet.DataError` naming the
-file, the first bad row and the column; every writer writes a temporary file beside the target and renames it into
-place (``os.replace``), so a reader never sees a half-written parquet.
+The check, the de-duplication and every writer validate against :mod:`dapo.data.schema` and raise
+:class:`dapo.data.parquet.DataError` naming the file, the first bad row and the column; every writer writes a
+temporary file beside the target and renames it into place (``os.replace``), so a reader never sees a half-written
+parquet. :func:`read_rows` is what both backends read a run's files with (the columns the loop needs checked;
+``dapo data check`` validates a whole file).
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ import pyarrow.parquet as pq
 
 from dapo.util.fsutil import atomic_write, temp_beside
 from dapo.data.parquet import DataError
-from dapo.data.schema import (REQUIRED_COLUMNS, FileReport, Problem, check_aime, check_layout, prompt_keys,
-                              validate_table)
+from dapo.data.schema import FileReport, Problem, check_aime, check_layout, prompt_keys, validate_table
 
 # pandas writes its index as an extra column; it carries no meaning for training
 PANDAS_INDEX = "__index_level_0__"
@@ -108,14 +109,6 @@ def _scan_table(table: pa.Table, path: str) -> _Scanner:
 
 def _drop_index(table: pa.Table) -> pa.Table:
     return table.drop_columns([PANDAS_INDEX]) if PANDAS_INDEX in table.column_names else table
-
-
-def dedup_table(table: pa.Table) -> pa.Table:
-    """First occurrence of every prompt, in file order (the pandas index column is dropped)."""
-    sc = _scan_table(table, "<table>")
-    if sc.problems:
-        raise DataError("cannot de-duplicate invalid rows:\n  " + "\n  ".join(map(str, sc.problems.values())))
-    return _drop_index(table.take(pa.array(sc.first_rows())))
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -206,21 +199,6 @@ def dedup_file(src: str | os.PathLike, dst: str | os.PathLike, *, batch_rows: in
         tmp.unlink(missing_ok=True)
         raise
     return len(keep)
-
-
-def load_rows(path: str | os.PathLike, *, limit: Optional[int] = None) -> list[dict[str, Any]]:
-    """Rows of a DAPO-schema parquet file as dicts (``data_source, prompt, ability, reward_model, extra_info``).
-
-    Validates first: raises :class:`DataError` naming the file, the first bad row and the column.
-    """
-    table = read_table(path)
-    problems = validate_table(table)
-    if problems:
-        raise DataError(f"{path}: not in the DAPO schema:\n  " + "\n  ".join(str(p) for p in problems))
-    table = table.select(list(REQUIRED_COLUMNS))
-    if limit is not None:
-        table = table.slice(0, limit)
-    return table.to_pylist()
 
 
 def _atomic_write_table(table: pa.Table, path: Path) -> None:

@@ -88,11 +88,6 @@ class Problem:
             body += ["Check:"] + lines
         return "\n".join(body + [f"Answer: {answer}"]), answer
 
-    @property
-    def no_carry_answer(self) -> int:
-        """The "forgot the carry" answer."""
-        return self.solution(forget_carry=True)[1]
-
     def text(self) -> str:
         return f"What is {self.a} + {self.b}?"
 

@@ -56,11 +56,6 @@ PANELS: dict[str, list[tuple[str, list[str]]]] = {
 }
 
 
-def panel_metrics() -> list[str]:
-    """Every metric name or regex the dashboard plots, in table order."""
-    return [m for panels in PANELS.values() for _, names in panels for m in names]
-
-
 def _line_plot(title: str, names: list[str]) -> Any:
     import wandb_workspaces.reports.v2 as wr
 

@@ -168,15 +168,6 @@ def backend_only(name: str) -> Optional[str]:
 
 
 
-# metrics measured on the wall clock: they differ between two runs of the same seed (tests compare the rest)
-WALL_CLOCK = ("timing_s/", "timing_per_token_ms/", "perf/time_per_step", "perf/throughput", "perf/mfu/")
-
-
-def wall_clock(name: str) -> bool:
-    """Whether ``name`` is a wall-clock measurement (:data:`WALL_CLOCK`)."""
-    return name.startswith(WALL_CLOCK)
-
-
 def val_acc_key(data_source: str, k: int) -> str:
     return f"val-core/{data_source}/acc/mean@{k}"
 
