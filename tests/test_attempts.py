@@ -50,6 +50,7 @@ def test_wait_for_ack_returns_the_followers_answer_or_gives_up(tmp_path, monkeyp
     t0 = time.monotonic()
     assert attempts.wait_for_ack(tmp_path, 1) is None  # no follower: no wait
     assert time.monotonic() - t0 < 0.5
+    attempts.write_follower_beat(tmp_path)  # a follower is alive: the driver waits for its answer
     threading.Timer(0.3, lambda: attempts.write_ack(tmp_path, 1, ["left out node gpu-7"])).start()
     ack = attempts.wait_for_ack(tmp_path, 1, timeout=5, poll=0.05)
     assert ack["actions"] == ["left out node gpu-7"]
@@ -57,3 +58,18 @@ def test_wait_for_ack_returns_the_followers_answer_or_gives_up(tmp_path, monkeyp
     t0 = time.monotonic()
     assert attempts.wait_for_ack(tmp_path, 2, poll=0.05) is None
     assert 0.15 < time.monotonic() - t0 < 2
+
+
+def test_no_live_follower_means_no_wait_whatever_the_timeout(tmp_path, monkeypatch):
+    """The chart sets DAPO_ACK_TIMEOUT_S for the follower it installs; without one beating (none installed, or one
+    silent for longer than FOLLOWER_STALE_S) the driver does not sit out the timeout."""
+    import os
+
+    monkeypatch.setenv(attempts.ACK_TIMEOUT_ENV, "30")
+    t0 = time.monotonic()
+    assert attempts.wait_for_ack(tmp_path, 1) is None and time.monotonic() - t0 < 1  # no beat at all
+    attempts.write_follower_beat(tmp_path)
+    old = time.time() - attempts.FOLLOWER_STALE_S - 5
+    os.utime(attempts.follower_path(tmp_path), (old, old))
+    t0 = time.monotonic()
+    assert attempts.wait_for_ack(tmp_path, 1) is None and time.monotonic() - t0 < 1  # a stale beat

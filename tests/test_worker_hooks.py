@@ -24,13 +24,20 @@ from dapo.backends.verl.ranks import RankWatch  # noqa: E402
 from dapo.config import WatchdogConfig  # noqa: E402
 
 WORKER = """
-import os, time, torch.distributed as dist
+import os, sys, time, types, torch.distributed as dist
+# a worker's class module in the middle of its import (as the hooks' thread may see it): nothing defined yet
+sys.modules["verl.workers.engine_workers"] = types.ModuleType("verl.workers.engine_workers")
 import verl  # imports dapo.backends.verl.loss and .worker_hooks (VERL_USE_EXTERNAL_MODULES)
 from verl.utils.distributed import initialize_global_process_group_ray
 initialize_global_process_group_ray(timeout_second=None)  # what engine_workers.py:89 passes
 print("ready", flush=True)
 time.sleep(float(os.environ["HOLD_S"]))  # the main thread busy (a long update, a wait)
 """
+
+
+def _sleep_line() -> int:
+    """The line of WORKER where its main thread sleeps (line numbers of ``python -c``)."""
+    return next(i for i, line in enumerate(WORKER.split("\n"), 1) if line.startswith("time.sleep"))
 
 
 def _free_port() -> int:
@@ -81,8 +88,8 @@ def test_stacks_are_written_while_the_main_thread_is_busy_and_a_silent_rank_is_n
         t0 = time.monotonic()
         missing = watch.stacks(dest, "dapo watchdog: phase update_actor of step 2 ...", wait_s=5)
         stacks = (dest / f"stacks-rank0-{os.uname().nodename}-{proc.pid}.txt").read_text()
-        # the main thread in the sleep of the script (line 7): where it is busy
-        assert "phase update_actor of step 2" in stacks and "--- thread MainThread" in stacks and "line 7, in <module>" in stacks
+        # the main thread in the sleep of the script (its last line): where it is busy
+        assert "phase update_actor of step 2" in stacks and "--- thread MainThread" in stacks and f"line {_sleep_line()}, in <module>" in stacks
         assert [n["rank"] for n in missing] == [1] and "wrote no stacks within 5 s" in missing[0]["why"]
         assert time.monotonic() - t0 < 10
     finally:

@@ -82,6 +82,7 @@ class Keeper:
         attempts); ``owned(n)``: whether attempt n belongs to this RayJob; ``observed``: (pods, events) of the
         release from the follower's last look (:mod:`dapo.cluster.waits`); ``fresh_status``: ``status`` was read in
         this round (``api.last_object`` is the RayJob as it is now)."""
+        attempts.write_follower_beat(self.log_dir)  # drivers wait for the answers of a follower that beats
         if attempt is not None:
             self.last_attempt = attempt
         if status is None or not status.exists:

@@ -15,10 +15,10 @@ temporary name and renamed into place (a reader never sees half of one):
   worker's, a non-finite metric's rank), whether the run must stop for good (``final``), and where the evidence is.
   N is the attempt log's number (:mod:`dapo.train.runlog`).
 - ``<run dir>/logs/attempt-<N>.ack.json``: the follower's answer to an end record -- what it did before the attempt
-  exited (nodes left out of the next attempt, retries stopped). A driver with a follower (``DAPO_ACK_TIMEOUT_S`` > 0
-  in its environment, set by the chart) waits that long for it before it exits (:func:`wait_for_ack`), so that the
-  RayJob's next attempt is built from the patched spec: KubeRay builds a retry from the RayJob's spec as it is when
-  the retry starts.
+  exited (nodes left out of the next attempt, retries stopped). A driver whose follower is alive (its beat,
+  ``logs/follower.json``, refreshed every round) waits up to ``DAPO_ACK_TIMEOUT_S`` (set by the chart) for it before
+  it exits (:func:`wait_for_ack`), so that the RayJob's next attempt is built from the patched spec: KubeRay builds
+  a retry from the RayJob's spec as it is when the retry starts.
 - ``<run dir>/run-verdict.json`` (:func:`write_verdict`): the run ends for good -- a non-finite value at the same
   step twice, a health stop, dynamic sampling exhausted, a failure budget spent. Every attempt reads it first
   (:func:`read_verdict`, as the fabric verdict is read) and exits at once with :data:`EXIT_VERDICT`; the follower
@@ -59,6 +59,10 @@ PROGRESS_FILE = "progress.json"
 FAILURES_FILE = "failures.json"  # the follower's record of the run's failures (dapo.cluster.budget)
 VERDICT_FILE = "run-verdict.json"
 ACK_TIMEOUT_ENV = "DAPO_ACK_TIMEOUT_S"
+# the follower's beat (<log dir>/follower.json): a driver waits for an ack only from a follower that beat this
+# recently -- longer than a shared volume's attribute cache (NFS: up to 60 s) and a follower's slowest round
+FOLLOWER_FILE = "follower.json"
+FOLLOWER_STALE_S = 300.0
 
 
 def _utc(when: Optional[float] = None) -> str:
@@ -148,6 +152,26 @@ def end_records(log_dir: Path | str) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r["attempt"])
 
 
+def follower_path(log_dir: Path | str) -> Path:
+    return Path(log_dir) / FOLLOWER_FILE
+
+
+def write_follower_beat(log_dir: Path | str) -> None:
+    """The follower is alive and answers end records (it refreshes this every round)."""
+    try:
+        write_json(follower_path(log_dir), {"pid": os.getpid(), "host": os.uname().nodename, "time": time.time()})
+    except OSError:
+        pass  # the next round writes it again
+
+
+def follower_alive(log_dir: Path | str, within: float = FOLLOWER_STALE_S) -> bool:
+    """Whether a follower refreshed its beat within ``within`` seconds (the file's mtime, as the volume shows it)."""
+    try:
+        return time.time() - follower_path(log_dir).stat().st_mtime <= within
+    except OSError:
+        return False
+
+
 def write_ack(log_dir: Path | str, attempt: int, actions: list[str]) -> Path:
     """The follower's answer to attempt ``attempt``'s end record: what it did (in words)."""
     return write_json(ack_path(log_dir, attempt), {"attempt": int(attempt), "actions": list(actions),
@@ -157,7 +181,10 @@ def write_ack(log_dir: Path | str, attempt: int, actions: list[str]) -> Path:
 def wait_for_ack(log_dir: Path | str, attempt: int, timeout: Optional[float] = None,
                  poll: float = 0.5) -> Optional[dict[str, Any]]:
     """The follower's ack of attempt ``attempt``, waited for up to ``timeout`` seconds (default: the environment's
-    ``DAPO_ACK_TIMEOUT_S``, 0 when unset: no follower, no wait); None when none came."""
+    ``DAPO_ACK_TIMEOUT_S``, 0 when unset) while a follower is alive (:func:`follower_alive`: none, or one silent for
+    minutes, is not waited for); None when none came."""
+    if not follower_alive(log_dir):
+        return read_json(ack_path(log_dir, attempt))
     if timeout is None:
         try:
             timeout = float(os.environ.get(ACK_TIMEOUT_ENV, "0") or 0)

@@ -263,9 +263,13 @@ class Requests:
         patched = False
         while True:
             time.sleep(self.poll)
-            if not patched and "verl.workers.engine_workers" in sys.modules:  # imported with the worker's class
+            workers = sys.modules.get("verl.workers.engine_workers")  # imported with the worker's class ...
+            if not patched and workers is not None and hasattr(workers, "ActorRolloutRefWorker"):  # ... and done
                 patched = True
-                patch_finite_save(sys.modules["verl.workers.engine_workers"])
+                try:
+                    patch_finite_save(workers)
+                except Exception as exc:  # never the end of this thread
+                    print(f"dapo worker hooks: the finite-save check is off here: {exc}", file=sys.stderr)
             try:
                 reqs = json.loads(self.file.read_text())
             except (OSError, ValueError):
