@@ -56,6 +56,7 @@ def test_each_part_gives_the_follower_its_option_and_its_role_only_what_that_par
     k = keeper.from_args(args, api=object(), selector="s")  # what the follower would do with these options
     acts = r["leaveOutNodes"]["enabled"] or r["failureBudget"]["enabled"] or r["heartbeatTimeoutSeconds"] > 0
     assert (k is not None) == acts
+    assert args.status_every == (5 if acts else 15)  # a retry KubeRay builds in seconds: read its status often
     if k is not None:
         assert k.leave_out == (4 if r["leaveOutNodes"]["enabled"] else 0)
         assert (k.budget is not None) == r["failureBudget"]["enabled"]

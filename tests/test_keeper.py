@@ -68,6 +68,11 @@ class Run:
                 "dapo-train", "--namespace", NS, "--api-server", self.api.url, "--release", "dapo", "--state-dir",
                 str(tmp_path / "state"), *FOLLOW_FAST, *follower_args]
         self.follower = subprocess.Popen(argv, env=env(), stdout=open(self.out, "w"), stderr=open(self.err, "w"))
+        # as on a cluster, the follower runs before the first driver: a driver waits only for a follower that beats
+        deadline = time.monotonic() + 60
+        while not attempts.follower_alive(self.log_dir):
+            assert self.follower.poll() is None and time.monotonic() < deadline, self.err.read_text()
+            time.sleep(0.05)
         self.twin.start()
 
     def drive(self, k: int, pods: list[dict]) -> int:

@@ -103,6 +103,16 @@ def test_what_the_follower_sees_names_the_node_only_for_the_nodes_fault():
     assert "OOMKilled" in seen["n-oom"] and "DeletionByTaintManager" in seen["n-lost"] and "Xid" in seen["n-xid"]
 
 
+def test_a_deleted_pods_events_still_name_its_node():
+    # the attempt failed, KubeRay deleted its pods; the events about them are still listed, and the follower knows
+    # which node each pod was on from its earlier looks
+    events = [{"involvedObject": {"kind": "Pod", "name": "c1-worker-x"}, "reason": "NodeNotReady",
+               "message": "Node is not ready"}]
+    assert nodes.cluster_suspects([], events) == {}
+    assert nodes.cluster_suspects([], events, {"c1-worker-x": "gpu-5"}) == {
+        "gpu-5": "pod c1-worker-x: NodeNotReady: Node is not ready"}
+
+
 def test_only_the_attempts_own_pods_count():
     pods = [pod("old", "gpu-1", "1", cluster="c1"), pod("new", "gpu-2", "2", cluster="c2")]
     assert [p["metadata"]["name"] for p in nodes.pods_of_cluster(pods, "c2")] == ["new"]

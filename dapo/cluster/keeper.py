@@ -13,7 +13,7 @@ its pods still terminate), and a reconcile or two later -- seconds -- the next R
   RayJob patched (the nodes left out, :mod:`dapo.cluster.nodes`; ``backoffLimit: 0`` when the run must stop), then
   the answer written (``attempt-<N>.ack.json``, what was done) -- KubeRay sees the failure only after the patch;
 - a failure the driver could not record (its head or node lost, the process killed) shows as ``status.failed``
-  growing: the follower patches as soon as it reads that (every ``--status-every`` seconds), by which time the next
+  growing: the follower patches as soon as it reads that (every ``--status-every`` seconds, 5 in the chart), by which time the next
   cluster may already be built from the old spec -- the nodes are then left out of the attempt after it; and when
   the budget is spent the RayJob is deleted (KubeRay's finalizer stops the job and deletes the new cluster), since
   a retry under way cannot be called back (``suspend`` is honoured only from Running or Initializing, and Kueue owns
@@ -66,6 +66,7 @@ class Keeper:
             heartbeat_s, say
         self.record: Optional[RunRecord] = None
         self.seen: dict[str, dict[str, str]] = {}  # RayCluster -> node -> why, what its pods showed
+        self.nodes_of: dict[str, dict[str, str]] = {}  # RayCluster -> pod -> node, of every pod seen
         self.cluster = ""  # the RayCluster of the last status read
         self.pods: list[dict] = []
         self.beat: tuple[Any, float] = (None, 0.0)  # the last heartbeat read and when (monotonic) it changed
@@ -89,12 +90,8 @@ class Keeper:
         if self.record is None or self.record.body["uid"] != status.uid:
             self.record = RunRecord(self.run_dir, status.uid)
             self.stop_reason = (self.record.body.get("stopped") or {}).get("why")
-        if observed is not None:
-            self.pods = list(observed[0])
-            if status.cluster:
-                cur = placement.pods_of_cluster(self.pods, status.cluster)
-                for node, why in placement.cluster_suspects(cur, observed[1]).items():
-                    self.seen.setdefault(status.cluster, {}).setdefault(node, why)
+        if observed is not None and status.cluster:
+            self.observe(status.cluster, *observed)
         for n in self._unanswered(owned):
             self.answer(n, status)
         if fresh_status:
@@ -103,6 +100,25 @@ class Keeper:
         if status.cluster:
             self.cluster = status.cluster
         self.heartbeat(status, attempt)
+
+    def observe(self, cluster: str, pods: list, events: list) -> None:
+        """What the pods of ``cluster`` and their events say of their nodes (:func:`dapo.cluster.nodes.cluster_suspects`),
+        added to what was seen of that cluster before."""
+        self.pods = list(pods)
+        mine = placement.pods_of_cluster(self.pods, cluster)
+        known = self.nodes_of.setdefault(cluster, {})
+        known.update({(p.get("metadata") or {}).get("name"): (p.get("spec") or {}).get("nodeName") for p in mine
+                      if (p.get("spec") or {}).get("nodeName")})
+        for node, why in placement.cluster_suspects(mine, events, known).items():
+            self.seen.setdefault(cluster, {}).setdefault(node, why)
+
+    def _look_again(self, cluster: str) -> None:
+        """A fresh look at the release's pods and the namespace's events, for an attempt that just failed."""
+        try:
+            pods = self.api.list_json("pods", "labelSelector=" + urllib.parse.quote(self.selector))
+            self.observe(cluster, pods, self.api.list_json("events"))
+        except (ApiUnavailable, OSError) as exc:
+            self.say(f"cannot look at the failed attempt's pods and events ({exc})")
 
     def _unanswered(self, owned: Callable[[int], bool]) -> list[int]:
         acked = set(self.record.body["acked"])
@@ -175,6 +191,8 @@ class Keeper:
         recorded = min(new, int(rec.body["pending"]))
         rec.body["pending"] -= recorded
         rec.body["counted"] = status.failed
+        if new > recorded:
+            self._look_again(self.cluster or status.cluster)
         for _ in range(new - recorded):
             failed_cluster = self.cluster or status.cluster
             seen = self.seen.get(failed_cluster, {})

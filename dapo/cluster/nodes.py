@@ -92,10 +92,12 @@ def _pod_suspicion(pod: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
-def cluster_suspects(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """node -> why, from the attempt's pods and their events (module doc); first reason per node."""
+def cluster_suspects(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]],
+                     known: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """node -> why, from the attempt's pods and their events (module doc); first reason per node. ``known``: pod ->
+    node of the attempt's pods seen before (a pod deleted since, whose events are still listed)."""
     pods = list(pods)
-    node_of = {_meta(p).get("name"): (p.get("spec") or {}).get("nodeName") for p in pods}
+    node_of = {**(known or {}), **{_meta(p).get("name"): (p.get("spec") or {}).get("nodeName") for p in pods}}
     out: dict[str, str] = {}
     for p in pods:
         why, node = _pod_suspicion(p), node_of.get(_meta(p).get("name"))

@@ -122,7 +122,8 @@ class LogFollowers(RayJobs):
         """The training follower's options for what it does between attempts (dapo.cluster.keeper)."""
         if kind != "train" or not self.follower_acts:
             return []
-        r, args = self.v["train"]["retries"], []
+        # the RayJob's status every 5 s: a failure the driver could not record is acted on before most retries
+        r, args = self.v["train"]["retries"], ["--status-every", "5"]
         if r["leaveOutNodes"]["enabled"]:
             args += ["--leave-out-nodes", str(int(r["leaveOutNodes"]["max"]))]
         b = r["failureBudget"]

@@ -34,6 +34,8 @@ Usage: include "dapo.followerActArgs" (dict "root" $ "kind" "train")
 {{- $r := .root.Values.train.retries -}}
 {{- $args := list -}}
 {{- if and (eq .kind "train") (include "dapo.followerActs" .root) -}}
+{{- /* the RayJob's status every 5 s: a failure the driver could not record is acted on before most retries are built */ -}}
+{{- $args = list "--status-every" "5" -}}
 {{- if $r.leaveOutNodes.enabled -}}
 {{- $args = concat $args (list "--leave-out-nodes" (toString (int $r.leaveOutNodes.max))) -}}
 {{- end -}}
