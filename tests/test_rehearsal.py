@@ -46,11 +46,10 @@ import yaml
 from conftest import ROOT
 from dapo.train.checkpoint import best_step, complete_steps
 from dapo.config import load_preset
-from dapo.train.metric_names import WALL_CLOCK
 from dapo.train.metrics import read_jsonl
 from dapo.config import split_overrides
 from k8s_support import by_key, helm_objects, set_files, user_values
-from loop_support import assert_the_kept_best_has_the_best_validation
+from loop_support import WALL_CLOCK, assert_the_kept_best_has_the_best_validation
 from kuberay_loopback import (
     TERMINAL,
     VENV_BIN,

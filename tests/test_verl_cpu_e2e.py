@@ -246,7 +246,7 @@ def _wait_phase(run: Path, phase: str, step: int, timeout: float) -> None:
 class _Slowdown:
     """A process run at 1/SLOWDOWN of its speed: SIGSTOP and SIGCONT in turn from a thread (a GPU gone slow)."""
 
-    def __init__(self, pid: int, period: float = 0.03):
+    def __init__(self, pid: int, period: float = 0.004):
         import threading
 
         self.pid, self.period, self.done = pid, period, threading.Event()

@@ -197,7 +197,8 @@ def _flight_record() -> Optional[str]:
 
 def compute_probe() -> float:
     """Seconds of a fixed amount of matrix-multiply work on this rank's device: 10 x (4096^3) in bf16 on a GPU
-    (timed with CUDA events, ~10 ms on an H100), 20 x (256^3) in float32 on a CPU."""
+    (timed with CUDA events, ~10 ms on an H100), 120 x (256^3) in float32 on a CPU (~50 ms: long against the
+    scheduler's slices, so a rank that gets half the CPU is seen at half speed)."""
     import torch
 
     if torch.cuda.is_available():
@@ -212,7 +213,7 @@ def compute_probe() -> float:
         return start.elapsed_time(end) / 1000.0
     a = torch.randn(256, 256)
     t0 = time.perf_counter()
-    for _ in range(20):
+    for _ in range(120):
         a @ a
     return time.perf_counter() - t0
 
