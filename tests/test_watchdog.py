@@ -102,3 +102,25 @@ def test_the_thread_fires_while_the_main_thread_is_blocked_in_a_syscall(tmp_path
     os.close(w)
     (phase, elapsed, budget), at = fired[0]
     assert phase == "gen" and budget == 0.5 and elapsed > 0.5 and at - t0 < 2.0
+
+
+def test_the_first_validation_of_an_attempt_gets_first_s_not_the_floor(tmp_path):
+    """The loop's first validation (before RL) is a first time: its budget is first_s (an engine's first pass is
+    slow), even though the loop ran other short phases before it."""
+    from test_loop import _loop
+
+    from loop_support import ScriptedBackend
+
+    budgets = []
+
+    class Recording(ScriptedBackend):
+        def generate(self, prompts, sampling, group_ids=None):
+            if sampling.validation:
+                budgets.append((loop.watchdog.phase_name, loop.watchdog.budget))
+            return super().generate(prompts, sampling, group_ids)
+
+    loop, _ = _loop(tmp_path, ["recipe.trainer.val_before_train=true"], backend=Recording(seed=0))
+    loop.watchdog = Watchdog(_cfg(first_s=500.0, floor_s=7.0), tmp_path)
+    assert loop.fit() == 0
+    assert budgets[0] == ("validate", 500.0)
+    assert budgets[-1][0] == "validate" and budgets[-1][1] < 500.0  # later validations: floor or 3 x their time

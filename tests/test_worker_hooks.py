@@ -128,3 +128,15 @@ def test_a_rank_refuses_to_save_a_shard_with_non_finite_weights():
     assert saved == ["/ckpt/ok"]
     assert engine_workers.TrainingWorker.save_checkpoint is original  # only the patched module changed
     assert "save_checkpoint" in vars(engine_workers.TrainingWorker)  # the real class has the method it wraps
+
+
+def test_a_flight_record_dumped_as_bytes_is_saved_beside_the_stacks(tmp_path, monkeypatch):
+    """torch's flight-recorder dump returns bytes: the stacks and the record are both written (written as text,
+    the request fails with 'data must be str, not bytes' in every rank)."""
+    from dapo.backends.verl import worker_hooks
+
+    monkeypatch.setattr(worker_hooks, "_flight_record", lambda: b'{"entries": []}')
+    path = worker_hooks.write_stacks(tmp_path, "header")
+    assert "header" in path.read_text()
+    records = list(tmp_path.glob("flight-recorder-*.json"))
+    assert [r.read_bytes() for r in records] == [b'{"entries": []}']

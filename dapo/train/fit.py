@@ -63,7 +63,7 @@ class Fit:
 
     def _fit(self, logger: MetricsLogger) -> int:
         t = self.recipe.trainer
-        with self._phase("validate"):
+        with self._phase("log_pending"):  # its own phase: the first validation keeps first_s as its budget
             self._log_pending(logger)
         if self.step >= self.total_steps:
             self.log(f"run already complete ({self.step}/{self.total_steps} steps; checkpoints in {self.ckpt_root}). "

@@ -175,11 +175,13 @@ def write_stacks(dest: Path, header: str) -> Path:
     os.replace(tmp, path)
     fr = _flight_record()
     if fr:
-        (dest / f"flight-recorder-{_name(me)}.json").write_text(fr)
+        fr_path = dest / f"flight-recorder-{_name(me)}.json"
+        # torch's dump returns the JSON as bytes
+        fr_path.write_bytes(fr) if isinstance(fr, bytes) else fr_path.write_text(fr)
     return path
 
 
-def _flight_record() -> Optional[str]:
+def _flight_record() -> Optional[str | bytes]:
     """The flight recorder's entries of this process as JSON (its private dump call; None when it is off or absent)."""
     if "torch" not in sys.modules or not os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
         return None
