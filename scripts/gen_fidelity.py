@@ -190,18 +190,16 @@ DEVIATIONS: dict[str, str] = {
     "trainer.default_local_dir": "Deployment path only: checkpoints on the shared volume, so a restarted job "
     "resumes from them.",
     "trainer.max_actor_ckpt_to_keep": "Retention, not the recipe: the reference keeps every checkpoint (~400 GB "
-    "each for 32B with optimizer state, one per `save_freq` = 5 steps), which fills any volume long before the run "
-    "ends and then fails every retry at its next save. The newest three and the best-scoring one stay, for both "
-    "backends ([storage.md](storage.md#checkpoints-and-retention)).",
+    "each for 32B), which fills any volume and then fails every retry at its next save. The newest three and the "
+    "best-scoring one stay ([storage.md](storage.md#checkpoints-and-retention)).",
     "trainer.total_training_steps": "Run length (full only): the paper's run reached its score at about 320 rollout "
     "steps, while the reference's `total_epochs: 1` over the hub file is 1,166 rollout steps, 3.6x that "
     "([reproduce.md](reproduce.md#3-steps-and-epochs-what-the-numbers-mean)); the override "
     "`recipe.trainer.total_training_steps=null` restores the one epoch. `early` keeps one epoch (3,499 rollout "
     "steps): no public source gives the step at which the early run reached its score.",
     "actor_rollout_ref.actor.strategy": "FSDP2 (`fully_shard`) instead of FSDP1: verl's README recommends it "
-    "('better throughput and memory usage', CPU offload correct under gradient accumulation), and the CPU run "
-    "exercises it end to end (update, save, resume, export). Same loss and optimizer; numbers differ only by "
-    "reduction order. The passthrough `actor_rollout_ref.actor.strategy=fsdp` selects FSDP1, a path no test here runs.",
+    "('better throughput and memory usage'), and the CPU run exercises it end to end. Same loss and optimizer; "
+    "numbers differ only by reduction order. `actor_rollout_ref.actor.strategy=fsdp` selects FSDP1, untested here.",
     "actor_rollout_ref.ref.strategy": "Follows `actor.strategy` (verl interpolates it): FSDP2, as above.",
     "actor_rollout_ref.rollout.max_model_len": "Same context as the reference, whose vLLM rollout took "
     "`max_model_len or prompt_length + response_length`; verl 0.9.1 derives a null one from its copy of the model "
@@ -210,9 +208,8 @@ DEVIATIONS: dict[str, str] = {
     "`rollout.engine_kwargs.vllm.hf_overrides`.",
     "actor_rollout_ref.actor.checkpoint.contents": "No `hf_model`: at the reference commit it wrote the HF config and "
     "tokenizer only (0.9.1 writes those anyway); in 0.9.1 it makes rank 0 gather and write the full fp32 model every "
-    "`save_freq` steps (for 32B ~122 GiB of host memory on one pod and ~131 GB more per checkpoint, every other rank "
-    "waiting at a barrier). `dapo eval export` merges the FSDP shards into the same HF weights (tested against verl's "
-    "model merger).",
+    "save (for 32B ~122 GiB of host memory on one pod, every other rank waiting). `dapo eval export` merges the "
+    "FSDP shards into the same HF weights.",
 }
 
 # Deviations that are not a config value: how the run differs from the reference beyond its keys.
