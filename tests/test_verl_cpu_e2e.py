@@ -402,10 +402,12 @@ def test_the_loops_verl_calls_come_in_fits_order_never_generating_asleep_nor_syn
     assert steps[: KILL_AFTER - 1] == fit_steps[: KILL_AFTER - 1]
     saved = fit_steps[KILL_AFTER - 1].index("save") + 1  # attempt 1 was killed once checkpoint KILL_AFTER was complete
     assert steps[KILL_AFTER - 1][:saved] == fit_steps[KILL_AFTER - 1][:saved]
+    validated = "validate" in steps[KILL_AFTER - 1][saved:]  # attempt 1 froze in the next step, after it
     start, steps = split_steps(canonical(calls[2]))
-    # checkpoint KILL_AFTER's validation was due and the kill came between the save and it: the resumed loop runs it
-    # first, which gives the calls of fit()'s start-up after its load (fit() validates on every start)
-    assert KILL_AFTER % TEST_FREQ == 0 and start == ["load", *fit_start]
+    # checkpoint KILL_AFTER's validation was due: a resumed loop runs it first when the attempt before ended between
+    # the save and it (fit()'s start-up after its load: fit() validates on every start), and not when it was logged
+    expected = fit_start if not validated else [c for c in fit_start if c != "validate"]
+    assert KILL_AFTER % TEST_FREQ == 0 and start == ["load", *expected]
     assert steps == fit_steps[KILL_AFTER:]
     by_step = {m["step"]: m for m in _records(scenario["run"] / "metrics.jsonl")}
     step_s = sum(by_step[s]["timing_s/step"] for s in range(KILL_AFTER + 1, STEPS + 1))
@@ -595,8 +597,9 @@ def test_a_frozen_gloo_rank_ends_the_attempt_within_its_budget_naming_its_node(s
     assert end["cause"] == "stalled" and end["exit_code"] == attempts.EXIT_STALLED and not end["final"], end
     assert end["phase"] == "update_actor" and end["step"] == KILL_AFTER + 1, end
     assert end["elapsed_s"] <= end["budget_s"] + 60 and pl["failed_after_s"] <= FROZEN_ENDS_WITHIN_S, (end, pl)
-    named = {n["rank"]: n for n in end["nodes"]}
-    assert named[frozen]["node"] == node and "wrote no stacks" in named[frozen]["why"], end["nodes"]
+    # the frozen rank is also the slowed one: named once for each reason, with its node both times
+    whys = [n["why"] for n in end["nodes"] if n["rank"] == frozen and n["node"] == node]
+    assert any("wrote no stacks" in w for w in whys), end["nodes"]
     assert "exit code 6" in pl["message"], pl["message"]
     evidence = Path(end["evidence"])
     driver = (evidence / "stacks-driver.txt").read_text()
