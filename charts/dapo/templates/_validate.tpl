@@ -1,5 +1,6 @@
 {{/*
-Cross-field rules that values.schema.json cannot express. Every message starts with the offending key.
+Cross-field rules that values.schema.json cannot express. Every message starts with the offending key, but the last:
+the values the install still needs, all in one message (dapo.validateMissing).
 dapo/k8s/values.py applies the same rules for scripts/render.py (tests check both raise on the same input).
 Usage: at the top of every template: {{- include "dapo.validate" . -}}
 */}}
