@@ -147,8 +147,10 @@ def test_the_queue_and_the_evaluation_inputs_are_listed_with_the_rest():
 
 
 def test_a_contradiction_is_refused_on_its_own_before_the_list():
-    msg = both_refuse([VALUES_DIR / "full.yaml"], {"fabric": {"check": False}})
-    assert msg.startswith('fabric.check: preset "full" runs on 16 nodes x 8 GPUs') and "\n" not in msg
+    for extra, key in (({"fabric": {"check": False}}, 'fabric.check: preset "full" runs on 16 nodes x 8 GPUs'),
+                       ({"securityContext": {"runAsUser": 0}}, "securityContext.runAsUser: 0 under")):
+        msg = both_refuse([VALUES_DIR / "full.yaml"], extra)
+        assert msg.startswith(key) and "\n" not in msg
 
 
 def run_render(*args: str) -> subprocess.CompletedProcess:

@@ -18,6 +18,7 @@ from dapo.k8s.presets import ValuesError, effective_preset, merged_preset, model
 from dapo.k8s.fabric import check_fabric, missing_fabric
 from dapo.k8s.install_rules import missing_images, missing_storage_class
 from dapo.k8s.rules import check_deletion_rules
+from dapo.k8s.security import check_security
 from dapo.util.gofmt import go_string, q
 from dapo.k8s.versions import MAX_RAYJOB_NAME
 
@@ -151,7 +152,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
 
     By concern, in the chart's order: the job names, the placement, the jobs' lifecycle and queue, the Ray pods'
     resources, environment and labels, the head's QoS class, host network and storage, evaluation, the fabric
-    check; last, the missing values."""
+    check, security (:func:`dapo.k8s.security.check_security`); last, the missing values."""
     _check_job_names(values, train_job_name, eval_job_name)
     preset, pl = _check_placement(values)
     _check_jobs(values)
@@ -161,6 +162,7 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     _check_host_and_storage(values)
     _check_eval(values, pl)
     check_fabric(values, pl)
+    check_security(values)
     lines = missing_values(values, preset, pl)
     if lines:
         head = f"{len(lines)} {'value' if len(lines) == 1 else 'values'} still needed before this installs:"

@@ -13,8 +13,8 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- include "dapo.validateHead" . -}}
 {{- include "dapo.validateStorage" . -}}
 {{- include "dapo.validateRun" . -}}
-{{- include "dapo.validateMissing" . -}}
 {{- include "dapo.validateSecurity" . -}}
+{{- include "dapo.validateMissing" . -}}
 {{- end -}}
 
 {{/*
