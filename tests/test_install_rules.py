@@ -95,6 +95,10 @@ def test_a_cloud_file_declares_the_fabric_and_leaves_the_images_and_the_class():
     lines = missing(both_refuse([VALUES_DIR / "early.yaml", VALUES_DIR / "eks-p5.yaml"], {}))
     assert tuple(lines) == ("image.repository", "storage.storageClassName")
     assert "ghcr.io/dapo-k8s/dapo:0.1.0-verl0.9.1-efa was never published" in lines["image.repository"]
+    assert "make images REGISTRY=<registry> EFA=1 (docs/images.md)" in lines["image.repository"]  # its EFA variant
+    from dapo.k8s.install_rules import EFA_TAG_SUFFIX
+
+    assert f"EFA_TAG_SUFFIX := {EFA_TAG_SUFFIX}\n" in (ROOT / "Makefile").read_text()
 
 
 def test_the_unpublished_default_image_is_refused_naming_the_build_command_and_the_values():

@@ -22,6 +22,7 @@ from dapo.util.gofmt import q
 PLACEHOLDER_CLASS = "shared-rwx"
 BUILD_COMMAND = "make images REGISTRY=<registry>"
 REPRO_BUILD_COMMAND = "make image IMAGE_STACK=repro IMAGE=<registry>/dapo IMAGE_PUSH=1"
+EFA_TAG_SUFFIX = "-efa"  # the Makefile's: the tag of the training image's EFA variant
 
 
 def release_images(v: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -65,6 +66,8 @@ def missing_images(v: dict[str, Any], pl: dict[str, Any]) -> list[str]:
     for key, repository, image in release_images(v):
         if repository in (IMAGE_REPOSITORY, EVAL_IMAGE_REPOSITORY) and not (cpu_image and key == "image.repository"):
             build = REPRO_BUILD_COMMAND if key == "train.reference.image.repository" else BUILD_COMMAND
+            if key == "image.repository" and str(v["image"]["tag"]).endswith(EFA_TAG_SUFFIX):
+                build += " EFA=1"  # values/eks-p5.yaml's tag: the EFA variant of the training image
             out.append(f"- {key}: {image} was never published: {build} (docs/images.md), then --set "
                        f"{key}=<registry>/{repository.rsplit('/', 1)[-1]} (or image.published=true if it exists)")
     return out

@@ -372,6 +372,7 @@ the images named exist).
 {{- $repo := index $i 1 -}}
 {{- if has $repo (list "ghcr.io/dapo-k8s/dapo" "ghcr.io/dapo-k8s/dapo-eval") -}}
 {{- $build := ternary "make image IMAGE_STACK=repro IMAGE=<registry>/dapo IMAGE_PUSH=1" "make images REGISTRY=<registry>" (eq (index $i 0) "train.reference.image.repository") -}}
+{{- if and (eq (index $i 0) "image.repository") (hasSuffix "-efa" (toString $v.image.tag)) -}}{{- $build = "make images REGISTRY=<registry> EFA=1" -}}{{- end -}}
 {{- printf "- %s: %s was never published: %s (docs/images.md), then --set %s=<registry>/%s (or image.published=true if it exists)\n" (index $i 0) (index $i 2) $build (index $i 0) (base $repo) -}}
 {{- end -}}
 {{- end -}}
