@@ -358,7 +358,9 @@ def _check_host_and_storage(v: dict[str, Any]) -> None:
 def _check_eval(v: dict[str, Any], pl: dict[str, Any]) -> None:
     """An evaluation has GPUs (its test file and checkpoint directory: :func:`missing_values`)."""
     if v["eval"]["enabled"] and pl["evalGpus"] < 1:
-        raise ValuesError(f"eval.gpusPerNode: the evaluation serves the model on GPUs; must be >= 1, got {pl['evalGpus']}")
+        raise ValuesError(
+            f"eval.gpusPerNode: the evaluation serves the model on GPUs; must be >= 1, got {pl['evalGpus']}"
+        )
 
 
 def missing_values(v: dict[str, Any], preset: dict[str, Any], pl: dict[str, Any]) -> list[str]:
