@@ -14,7 +14,8 @@
 same parser, the same order: files, then --set-json, --set, --set-string, --set-file). ``--preset NAME`` adds
 ``-f values/NAME.yaml`` when that file exists and otherwise ``--set-json preset="NAME"`` before every other --set.
 The output is what ``helm template --skip-tests`` prints: the pre-install preflight first, the post-install start
-guard last. Helm's refusals (the schema, the chart's rules) exit with status 2 and Helm's message.
+guard last. Helm's refusals (the schema, the chart's rules) exit with status 2 and Helm's message; the values the
+install still needs come in one message, a line each with its fix.
 """
 
 from __future__ import annotations

@@ -297,7 +297,7 @@ def test_python_twin_refuses_what_helm_refuses_without_helm():
     from dapo.k8s import load_values
 
     values = load_values(CHART_DIR, [], [], {"queue": {"scheduler": "volcano", "name": ""}})
-    with pytest.raises(ValuesError, match=r"^queue\.name:"):
+    with pytest.raises(ValuesError, match=r"(?m)^- queue\.name: required with queue\.scheduler \"volcano\""):
         Chart(values, release="dapo", namespace="ml")
 
 

@@ -72,7 +72,7 @@ def refused(values, key):
 
 @pytest.mark.parametrize("preset", GPU_SETS)
 def test_gpu_preset_without_storage_class_or_claim_is_refused_in_helm_and_render_py(preset):
-    refused({"preset": preset}, f'storage.storageClassName: preset "{preset}" runs on GPU nodes')
+    refused({"preset": preset}, "- storage.storageClassName: unset, and the default class is ReadWriteOnce on EKS")
 
 
 def test_storage_rule_accepts_a_class_an_existing_claim_or_the_cpu_preset():
@@ -649,7 +649,7 @@ def test_verl_on_cpu_workers_declare_logical_gpus_and_request_no_device_in_helm_
 
 
 def test_verl_on_cpu_refuses_the_cuda_image_and_hand_set_logical_resources_in_helm_and_render_py():
-    refused({"preset": "verl-tiny"}, 'image.repository: preset "verl-tiny" runs verl on CPU')
+    refused({"preset": "verl-tiny"}, '- image.repository: preset "verl-tiny" runs verl on CPU')
     refused({"preset": "verl-tiny", **CPU_IMAGE, "worker": {"rayStartParams": {"num-gpus": "4"}}},
             'worker.rayStartParams.num-gpus: preset "verl-tiny" runs verl on CPU')
 

@@ -308,6 +308,12 @@ def test_an_unreachable_api_server_or_refused_values_exit_2(cluster, tmp_path, c
     assert main(argv + ["-f", str(VALUES_DIR / "eks-p5.yaml"), "--set", "overrides={recipe.actor.optim.lrr=1e-5}"]
                 + [a for s in SETS for a in ("--set", s)]) == 2
     assert "did you mean 'lr'" in capsys.readouterr().err
+    # the values the install still needs: all of them in one message, render.py's (the same engine), no table
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("dapo doctor: 3 values still needed before this installs:\n")
+    assert [ln.split(":")[0] for ln in out.err.splitlines()[1:]] == [
+        "- fabric.expect", "- image.repository", "- storage.storageClassName"]
     cluster.close()
     assert main(argv) == 2
     assert "cannot be reached" in capsys.readouterr().err

@@ -248,15 +248,20 @@ def _refusal(values: dict) -> tuple[str, str]:
                                     {"preset": "smoke", "nodes": 2}])
 def test_a_multi_node_run_without_a_declared_fabric_is_refused_naming_the_fix_in_helm_and_render_py(values):
     helm_msg, py_msg = _refusal(values)
-    assert py_msg in helm_msg and py_msg.startswith("fabric.expect: preset ")
-    for fix in ("-f values/eks-p5.yaml", "-f values/gke-a3-mega.yaml", "-f values/gke-a3-high.yaml",
-                "-f values/gke-a3-ultra.yaml", "--set fabric.expect=ib", "socket"):
-        assert fix in py_msg, fix
+    # the one missing value of these values (the images and the class are given): one line, naming the fix
+    head, line = py_msg.split("\n")
+    assert py_msg in helm_msg and head == "1 value still needed before this installs:"
+    assert line.startswith("- fabric.expect: ") and "GPUs, no fabric declared (NCCL would silently use TCP)" in line
+    for fix in ("-f values/<cloud>.yaml (eks-p5, gke-a3-mega, gke-a3-high, gke-a3-ultra)",
+                "--set fabric.expect=ib|efa|tcpx|tcpxo|gib|socket"):
+        assert fix in line, fix
 
 
 def test_a_multi_node_run_cannot_turn_its_check_off():
     helm_msg, py_msg = _refusal({"preset": "full", "fabric": {"expect": "efa", "check": False}})
     assert py_msg in helm_msg and py_msg.startswith('fabric.check: preset "full" runs on 16 nodes x 8 GPUs: every')
+    # a contradiction, refused on its own before the values still needed (here the fabric)
+    assert _refusal({"preset": "full", "fabric": {"check": False}})[1].startswith("fabric.check: ")
 
 
 @pytest.mark.parametrize("values, why", [
@@ -286,7 +291,7 @@ def test_the_readme_install_line_declares_a_fabric_and_full_alone_is_refused():
     install = next(ln for ln in readme.replace("\\\n", " ").splitlines()
                    if "charts/dapo" in ln and "values/full.yaml" in ln and ln.startswith("helm"))
     assert re.search(r'-f "?values/\$CLOUD\.yaml"?', install), install
-    assert _refusal({"preset": "full"})[1].startswith("fabric.expect:")
+    assert _refusal({"preset": "full"})[1].split("\n")[1].startswith("- fabric.expect:")
 
 
 def test_notes_say_the_check_runs_first_and_where_a_failed_verdict_is():

@@ -59,7 +59,8 @@ def test_cloud_fabric_values_render_the_same_and_reach_every_ray_pod(cloud, base
 def test_the_two_node_file_without_a_cloud_file_names_the_missing_fabric():
     from dapo.k8s.presets import ValuesError
 
-    with pytest.raises(ValuesError, match=r'^fabric\.expect: preset "smoke" runs on 2 nodes x 8 GPUs and declares no'):
+    with pytest.raises(ValuesError,
+                       match=r'^1 value still needed before this installs:\n- fabric\.expect: 2 nodes x 8 GPUs, no fabric'):
         python_objects([VALUES_DIR / "smoke.yaml", VALUES_DIR / "smoke-2node.yaml"], release="dapo-smoke",
                        stand_in=False, extra={"image": {"published": True}, "storage": {"storageClassName": "rwx"}})
 

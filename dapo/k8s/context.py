@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from dapo.k8s.presets import effective_preset, merged_preset
-from dapo.k8s.security import check_security
 from dapo.k8s.values import check, fullname, placement
 from dapo.k8s.versions import image_ref  # noqa: F401  (the modules that build pods import it from here)
 
@@ -32,7 +31,6 @@ class ChartContext:
         self.eval_job_name = f"{self.fullname}-eval"
         self.preset_cm_name = f"{self.fullname}-preset"
         check(values, train_job_name=self.train_job_name, eval_job_name=self.eval_job_name)
-        check_security(values)
         self.preset = merged_preset(values["preset"])
         self.placement = placement(values, self.preset)
         # the preset after the preset-key overrides: paths, experiment name and model of the run

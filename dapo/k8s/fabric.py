@@ -3,7 +3,8 @@ with -- the chart's rules in ``templates/_validate.tpl`` and the arguments in ``
 same messages.
 
 Every training run of our trainer on more than one GPU node declares the fabric NCCL must use (a cloud file,
-``-f values/eks-p5.yaml`` ..., or ``--set fabric.expect=...``) and checks it first (``fabric.check``, on by default):
+``-f values/eks-p5.yaml`` ..., or ``--set fabric.expect=...``; the chart lists it among the values still needed) and
+checks it first (``fabric.check``, on by default):
 without a declared fabric NCCL falls back to TCP sockets without an error, and a 16-node run trains for days several
 times slower. One node, verl on CPU, the local backend and the reference runner (the upstream recipe, which has no
 check) declare none; a declared fabric is then not checked.
@@ -31,22 +32,22 @@ def multi_node(v: dict[str, Any], pl: dict[str, Any]) -> bool:
 
 
 def check_fabric(v: dict[str, Any], pl: dict[str, Any]) -> None:
-    """Refuse a multi-node GPU run that declares no fabric, or turns its check off."""
-    if not multi_node(v, pl):
-        return
-    fab, where = v["fabric"], f"preset {q(v['preset'])} runs on {int(pl['nodes'])} nodes x {int(pl['gpus'])} GPUs"
-    if not fab["expect"]:
-        files = ", ".join(f"-f values/{f}.yaml" for f in CLOUD_FILES)
+    """Refuse a multi-node GPU run that turns its fabric check off."""
+    if multi_node(v, pl) and not v["fabric"]["check"]:
         raise ValuesError(
-            f"fabric.expect: {where} and declares no network fabric: NCCL would train over TCP sockets without an "
-            f"error. Add your cloud's file ({files}) or declare the fabric: --set fabric.expect=ib (InfiniBand / "
-            "RoCE), efa, tcpx, tcpxo, gib, or socket (TCP: checked and reported, never refused); docs/fabric.md"
+            f"fabric.check: preset {q(v['preset'])} runs on {int(pl['nodes'])} nodes x {int(pl['gpus'])} GPUs: every "
+            "multi-node run checks its fabric first (about a minute, against days of training); set fabric.check: "
+            "true (fabric.expect=socket trains over TCP, reported by the check)"
         )
-    if not fab["check"]:
-        raise ValuesError(
-            f"fabric.check: {where}: every multi-node run checks its fabric first (about a minute, against days of "
-            "training); set fabric.check: true (fabric.expect=socket trains over TCP, reported by the check)"
-        )
+
+
+def missing_fabric(v: dict[str, Any], pl: dict[str, Any]) -> list[str]:
+    """The line of the chart's refusal of missing values for a multi-node GPU run that declares no fabric."""
+    if not multi_node(v, pl) or v["fabric"]["expect"]:
+        return []
+    return [f"- fabric.expect: {int(pl['nodes'])} nodes x {int(pl['gpus'])} GPUs, no fabric declared (NCCL would "
+            f"silently use TCP): -f values/<cloud>.yaml ({', '.join(CLOUD_FILES)}) or --set "
+            "fabric.expect=ib|efa|tcpx|tcpxo|gib|socket (docs/fabric.md)"]
 
 
 def entrypoint_args(v: dict[str, Any], pl: dict[str, Any]) -> list[str]:

@@ -1,6 +1,7 @@
 """Rules about what the cluster must already have before an install can start, checked at render time: the images
 the release runs exist in a registry, and the claim names a real StorageClass, not the values files' placeholder.
-The chart's ``dapo.installRules`` (``templates/_validate.tpl``) applies the same rules with the same messages.
+Each gives a line of the one refusal that lists every value still needed (:func:`dapo.k8s.values.missing_values`);
+the chart's ``dapo.missingImages`` and ``dapo.missingValues`` (``templates/_validate.tpl``) give the same lines.
 
 - Images: the chart's default repositories (:data:`~dapo.k8s.versions.IMAGE_REPOSITORY`,
   :data:`~dapo.k8s.versions.EVAL_IMAGE_REPOSITORY`) have never been published. A release that would run one of them
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dapo.k8s.presets import ValuesError
 from dapo.k8s.versions import EVAL_IMAGE_REPOSITORY, IMAGE_REPOSITORY, image_ref
 from dapo.util.gofmt import q
 
 PLACEHOLDER_CLASS = "shared-rwx"
 BUILD_COMMAND = "make images REGISTRY=<registry>"
+REPRO_BUILD_COMMAND = "make image IMAGE_STACK=repro IMAGE=<registry>/dapo IMAGE_PUSH=1"
+EFA_TAG_SUFFIX = "-efa"  # the Makefile's: the tag of the training image's EFA variant
 
 
 def release_images(v: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -50,21 +52,38 @@ def _pin(img: dict[str, Any]) -> dict[str, Any]:
     return {"repository": img["repository"], "tag": img["tag"], "digest": img.get("digest")}
 
 
-def check_install(v: dict[str, Any]) -> None:
-    """Raise :class:`ValuesError` when the release would run an unpublished default image or the placeholder
-    StorageClass (module doc)."""
-    if not v["image"].get("published"):
-        for key, repository, image in release_images(v):
-            if repository in (IMAGE_REPOSITORY, EVAL_IMAGE_REPOSITORY):
-                raise ValuesError(
-                    f"{key}: {image} is the chart's default image, which has not been published; build the images "
-                    f"and push them to your registry with `{BUILD_COMMAND}` (docs/images.md), then set "
-                    "image.repository=<registry>/dapo and eval.image.repository=<registry>/dapo-eval; if the "
-                    "images named do exist (a published release tag), set image.published=true"
-                )
-    if not v["storage"]["existingClaim"] and v["storage"].get("storageClassName") == PLACEHOLDER_CLASS:
-        raise ValuesError(
-            f"storage.storageClassName: {q(PLACEHOLDER_CLASS)} is the values files' placeholder, not a class of your "
-            "cluster (the claim would stay Pending): set your ReadWriteMany StorageClass, e.g. --set "
-            "storage.storageClassName=$RWX_CLASS (kubectl get storageclass; docs/storage.md)"
-        )
+def missing_images(v: dict[str, Any], pl: dict[str, Any]) -> list[str]:
+    """The chart's ``dapo.missingImages``: a line for each image the release runs that does not exist: verl on CPU
+    with the CUDA training image, then the unpublished default images (module doc)."""
+    out = []
+    cpu_image = pl["cpu"] and v["image"]["repository"] == IMAGE_REPOSITORY
+    if cpu_image:
+        out.append(f"- image.repository: preset {q(v['preset'])} runs verl on CPU, which needs vLLM's CPU build; "
+                   f"{IMAGE_REPOSITORY} carries the CUDA one: --set image.repository=<an image with the vLLM-on-CPU "
+                   "stack> (docs/verl.md, 'verl on CPU')")
+    if v["image"].get("published"):
+        return out
+    for key, repository, image in release_images(v):
+        if repository in (IMAGE_REPOSITORY, EVAL_IMAGE_REPOSITORY) and not (cpu_image and key == "image.repository"):
+            build = REPRO_BUILD_COMMAND if key == "train.reference.image.repository" else BUILD_COMMAND
+            if key == "image.repository" and str(v["image"]["tag"]).endswith(EFA_TAG_SUFFIX):
+                build += " EFA=1"  # values/eks-p5.yaml's tag: the EFA variant of the training image
+            out.append(f"- {key}: {image} was never published: {build} (docs/images.md), then --set "
+                       f"{key}=<registry>/{repository.rsplit('/', 1)[-1]} (or image.published=true if it exists)")
+    return out
+
+
+def missing_storage_class(v: dict[str, Any], pl: dict[str, Any]) -> list[str]:
+    """The line for the claim's class: the values files' placeholder, or none for a GPU run (the cluster's default
+    class is ReadWriteOnce on EKS and GKE, and the claim would stay Pending)."""
+    s = v["storage"]
+    if s["existingClaim"]:
+        return []
+    fix = "--set storage.storageClassName=<your ReadWriteMany class> (kubectl get storageclass; docs/storage.md)"
+    if s.get("storageClassName") == PLACEHOLDER_CLASS:
+        return [f"- storage.storageClassName: {q(PLACEHOLDER_CLASS)} is the values files' placeholder: {fix}"]
+    gpu_run = (v["train"]["enabled"] and pl["backend"] != "local" and not pl["cpu"]) or v["eval"]["enabled"]
+    if not s.get("storageClassName") and gpu_run:
+        return ["- storage.storageClassName: unset, and the default class is ReadWriteOnce on EKS and GKE (the claim "
+                f"would stay Pending): {fix}, or storage.existingClaim=<claim>"]
+    return []

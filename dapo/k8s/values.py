@@ -15,11 +15,12 @@ from typing import Any
 import yaml
 
 from dapo.k8s.presets import ValuesError, effective_preset, merged_preset, model_repo, preset_chain
-from dapo.k8s.fabric import check_fabric
-from dapo.k8s.install_rules import check_install
+from dapo.k8s.fabric import check_fabric, missing_fabric
+from dapo.k8s.install_rules import missing_images, missing_storage_class
 from dapo.k8s.rules import check_deletion_rules
+from dapo.k8s.security import check_security
 from dapo.util.gofmt import go_string, q
-from dapo.k8s.versions import IMAGE_REPOSITORY, MAX_RAYJOB_NAME
+from dapo.k8s.versions import MAX_RAYJOB_NAME
 
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 PLACEMENT_KEYS = ("placement.nodes", "placement.gpus_per_node", "placement.backend", "trainer.nnodes",
@@ -135,28 +136,23 @@ def placement(values: dict[str, Any], preset: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_verl_on_cpu(v: dict[str, Any]) -> None:
-    """A verl preset on CPU (placement.accelerator: cpu): its worker pods declare logical GPUs, and its image must
-    carry vLLM's CPU build (the training image's vLLM is the CUDA one)."""
+    """A verl preset on CPU (placement.accelerator: cpu): its worker pods declare logical GPUs (its image, vLLM's CPU
+    build: :func:`dapo.k8s.install_rules.missing_images`)."""
     for key in ("num-gpus", "num-cpus"):
         if key in (v["worker"].get("rayStartParams") or {}):
             raise ValuesError(
                 f"worker.rayStartParams.{key}: preset {q(v['preset'])} runs verl on CPU; the chart declares the "
                 "worker's logical GPUs (gpusPerNode) and CPUs (8 per GPU) itself"
             )
-    if v["image"]["repository"] == IMAGE_REPOSITORY:
-        raise ValuesError(
-            f"image.repository: preset {q(v['preset'])} runs verl on CPU (placement.accelerator: cpu), which needs "
-            f"vLLM's CPU build; {IMAGE_REPOSITORY} carries the CUDA one. Set image.repository/tag to an image "
-            "with the vLLM-on-CPU stack (docs/verl.md, 'verl on CPU')"
-        )
 
 
 def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) -> None:
-    """Raise :class:`ValuesError` for the first impossible combination, with the chart's message.
+    """Raise :class:`ValuesError` for the first impossible combination, with the chart's message; then, past every
+    one, for all the values the install still needs at once (:func:`missing_values`).
 
     By concern, in the chart's order: the job names, the placement, the jobs' lifecycle and queue, the Ray pods'
-    resources, environment and labels, the head's QoS class, host network and storage, evaluation, the storage
-    class; last, what the cluster must already have (:func:`dapo.k8s.install_rules.check_install`)."""
+    resources, environment and labels, the head's QoS class, host network and storage, evaluation, the fabric
+    check, security (:func:`dapo.k8s.security.check_security`); last, the missing values."""
     _check_job_names(values, train_job_name, eval_job_name)
     preset, pl = _check_placement(values)
     _check_jobs(values)
@@ -164,10 +160,13 @@ def check(values: dict[str, Any], *, train_job_name: str, eval_job_name: str) ->
     _check_env_and_labels(values, preset)
     _check_guaranteed_head(values)
     _check_host_and_storage(values)
-    _check_eval(values, preset, pl)
-    _check_storage_class(values, pl)
+    _check_eval(values, pl)
     check_fabric(values, pl)
-    check_install(values)
+    check_security(values)
+    lines = missing_values(values, preset, pl)
+    if lines:
+        head = f"{len(lines)} {'value' if len(lines) == 1 else 'values'} still needed before this installs:"
+        raise ValuesError("\n".join([head] + lines))
 
 
 def _check_job_names(v: dict[str, Any], train_job_name: str, eval_job_name: str) -> None:
@@ -255,8 +254,6 @@ def _check_jobs(v: dict[str, Any]) -> None:
             raise ValuesError(
                 f"head.restartPolicy: must be empty or Never with {kind}.submissionMode SidecarMode, got {q(restart)}"
             )
-    if v["queue"]["scheduler"] and not v["queue"]["name"]:
-        raise ValuesError(f"queue.name: required when queue.scheduler is {q(v['queue']['scheduler'])}")
     ev = v["train"]["evidence"]
     if v["train"]["enabled"] and ev["enabled"] and float(ev["seconds"]) >= float(ev["terminationGracePeriodSeconds"]):
         raise ValuesError(f"train.evidence.seconds: the copy of the logs ({go_string(ev['seconds'])} s) must end within "
@@ -358,32 +355,31 @@ def _check_host_and_storage(v: dict[str, Any]) -> None:
             raise ValuesError(sizing.storage_message(v["preset"], v["storage"]["size"], need["summary"]))
 
 
-def _check_eval(v: dict[str, Any], preset: dict[str, Any], pl: dict[str, Any]) -> None:
-    """An evaluation has GPUs, a test file and a checkpoint directory."""
+def _check_eval(v: dict[str, Any], pl: dict[str, Any]) -> None:
+    """An evaluation has GPUs (its test file and checkpoint directory: :func:`missing_values`)."""
+    if v["eval"]["enabled"] and pl["evalGpus"] < 1:
+        raise ValuesError(
+            f"eval.gpusPerNode: the evaluation serves the model on GPUs; must be >= 1, got {pl['evalGpus']}"
+        )
+
+
+def missing_values(v: dict[str, Any], preset: dict[str, Any], pl: dict[str, Any]) -> list[str]:
+    """The chart's ``dapo.missingValues``: what a documented values file leaves to the user, one line each (the key,
+    what is missing, the fix): the fabric of a multi-node GPU run, the images, a ReadWriteMany class, what an
+    evaluation reads, the queue's name."""
+    lines = missing_fabric(v, pl) + missing_images(v, pl) + missing_storage_class(v, pl)
     if v["eval"]["enabled"]:
-        if pl["evalGpus"] < 1:
-            raise ValuesError(
-                f"eval.gpusPerNode: the evaluation serves the model on GPUs; must be >= 1, got {pl['evalGpus']}"
-            )
         recipe = effective_preset(preset, v["overrides"]).get("recipe") or {}
         if not v["eval"].get("testFile") and not (recipe.get("data") or {}).get("val_files"):
-            raise ValuesError(f"eval.testFile: the preset {q(v['preset'])} has no recipe.data.val_files; set eval.testFile")
+            lines.append(f"- eval.testFile: preset {q(v['preset'])} has no recipe.data.val_files: --set "
+                         "eval.testFile=<the test file>")
         if not v["eval"].get("checkpointDir") and not (recipe.get("trainer") or {}).get("default_local_dir"):
-            raise ValuesError(
-                f"eval.checkpointDir: the preset {q(v['preset'])} has no recipe.trainer.default_local_dir; set "
-                "eval.checkpointDir"
-            )
-
-
-def _check_storage_class(v: dict[str, Any], pl: dict[str, Any]) -> None:
-    """A GPU run names a ReadWriteMany StorageClass (or an existing claim)."""
-    gpu_run = (v["train"]["enabled"] and pl["backend"] != "local" and not pl["cpu"]) or v["eval"]["enabled"]
-    if not v["storage"]["existingClaim"] and not v["storage"].get("storageClassName") and gpu_run:
-        raise ValuesError(
-            f"storage.storageClassName: preset {q(v['preset'])} runs on GPU nodes and needs a ReadWriteMany "
-            'StorageClass by name, or storage.existingClaim; the cluster default class ("") is ReadWriteOnce on EKS '
-            "and GKE and the claim would stay Pending (kubectl get storageclass lists the classes)"
-        )
+            lines.append(f"- eval.checkpointDir: preset {q(v['preset'])} has no recipe.trainer.default_local_dir: "
+                         "--set eval.checkpointDir=<the checkpoints' directory>")
+    if v["queue"]["scheduler"] and not v["queue"]["name"]:
+        lines.append(f"- queue.name: required with queue.scheduler {q(v['queue']['scheduler'])}: --set "
+                     "queue.name=<queue>")
+    return lines
 
 
 def hub_offline(values: dict[str, Any], preset: dict[str, Any]) -> bool:

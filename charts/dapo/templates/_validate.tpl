@@ -1,5 +1,6 @@
 {{/*
-Cross-field rules that values.schema.json cannot express. Every message starts with the offending key.
+Cross-field rules that values.schema.json cannot express. Every message starts with the offending key, but the last:
+the values the install still needs, all in one message (dapo.validateMissing).
 dapo/k8s/values.py applies the same rules for scripts/render.py (tests check both raise on the same input).
 Usage: at the top of every template: {{- include "dapo.validate" . -}}
 */}}
@@ -12,8 +13,8 @@ Usage: at the top of every template: {{- include "dapo.validate" . -}}
 {{- include "dapo.validateHead" . -}}
 {{- include "dapo.validateStorage" . -}}
 {{- include "dapo.validateRun" . -}}
-{{- include "dapo.installRules" . -}}
 {{- include "dapo.validateSecurity" . -}}
+{{- include "dapo.validateMissing" . -}}
 {{- end -}}
 
 {{/*
@@ -64,9 +65,6 @@ Part of dapo.validate: the placement: from the preset unless values override it.
 {{- fail (printf "worker.rayStartParams.%s: preset %q runs verl on CPU; the chart declares the worker's logical GPUs (gpusPerNode) and CPUs (8 per GPU) itself" $key $v.preset) -}}
 {{- end -}}
 {{- end -}}
-{{- if eq $v.image.repository "ghcr.io/dapo-k8s/dapo" -}}
-{{- fail (printf "image.repository: preset %q runs verl on CPU (placement.accelerator: cpu), which needs vLLM's CPU build; ghcr.io/dapo-k8s/dapo carries the CUDA one. Set image.repository/tag to an image with the vLLM-on-CPU stack (docs/verl.md, 'verl on CPU')" $v.preset) -}}
-{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- range $o := $v.overrides -}}
@@ -100,9 +98,6 @@ Part of dapo.validate: the RayJobs' lifecycle under KubeRay v1.7 and the queue.
 {{- fail (printf "head.restartPolicy: must be empty or Never with %s.submissionMode SidecarMode, got %q" $kind $v.head.restartPolicy) -}}
 {{- end -}}
 {{- end -}}
-{{- end -}}
-{{- if and $v.queue.scheduler (not $v.queue.name) -}}
-{{- fail (printf "queue.name: required when queue.scheduler is %q" $v.queue.scheduler) -}}
 {{- end -}}
 {{- $ev := $v.train.evidence -}}
 {{- if and $v.train.enabled $ev.enabled (ge (float64 $ev.seconds) (float64 $ev.terminationGracePeriodSeconds)) -}}
@@ -277,54 +272,91 @@ scripts/render.py). An existing claim is not sized here (docs/storage.md#size). 
 {{- end -}}
 
 {{/*
-Part of dapo.validate: the evaluation's needs, the storage class and the fabric of a GPU run.
+Part of dapo.validate: the evaluation's GPUs and the fabric check of a GPU run.
 */}}
 {{- define "dapo.validateRun" -}}
 {{- $v := .Values -}}
 {{- $pl := include "dapo.placement" . | fromJson -}}
-{{- /* Evaluation needs a GPU worker, a checkpoint directory and a test file. */ -}}
-{{- if $v.eval.enabled -}}
-{{- if lt (int $pl.evalGpus) 1 -}}
+{{- if and $v.eval.enabled (lt (int $pl.evalGpus) 1) -}}
 {{- fail (printf "eval.gpusPerNode: the evaluation serves the model on GPUs; must be >= 1, got %d" (int $pl.evalGpus)) -}}
 {{- end -}}
-{{- $p := include "dapo.effectivePreset" . | fromJson -}}
-{{- if and (not $v.eval.testFile) (not (($p.recipe | default dict).data | default dict).val_files) -}}
-{{- fail (printf "eval.testFile: the preset %q has no recipe.data.val_files; set eval.testFile" $v.preset) -}}
-{{- end -}}
-{{- if and (not $v.eval.checkpointDir) (not (($p.recipe | default dict).trainer | default dict).default_local_dir) -}}
-{{- fail (printf "eval.checkpointDir: the preset %q has no recipe.trainer.default_local_dir; set eval.checkpointDir" $v.preset) -}}
-{{- end -}}
-{{- end -}}
-
-{{- /* A GPU run needs a ReadWriteMany class by name: the default class of EKS and GKE is ReadWriteOnce. */ -}}
-{{- if and (not $v.storage.existingClaim) (not $v.storage.storageClassName) (or (and $v.train.enabled (ne $pl.backend "local") (not $pl.cpu)) $v.eval.enabled) -}}
-{{- fail (printf "storage.storageClassName: preset %q runs on GPU nodes and needs a ReadWriteMany StorageClass by name, or storage.existingClaim; the cluster default class (\"\") is ReadWriteOnce on EKS and GKE and the claim would stay Pending (kubectl get storageclass lists the classes)" $v.preset) -}}
-{{- end -}}
-{{- /* A multi-node GPU run of our trainer declares its fabric and checks it (dapo.k8s.fabric.check_fabric) */ -}}
-{{- if and $v.train.enabled (ne $v.train.runner "reference") (ne $pl.backend "local") (not $pl.cpu) (gt (int $pl.nodes) 1) -}}
-{{- $where := printf "preset %q runs on %d nodes x %d GPUs" $v.preset (int $pl.nodes) (int $pl.gpus) -}}
-{{- if not $v.fabric.expect -}}
-{{- fail (printf "fabric.expect: %s and declares no network fabric: NCCL would train over TCP sockets without an error. Add your cloud's file (-f values/eks-p5.yaml, -f values/gke-a3-mega.yaml, -f values/gke-a3-high.yaml, -f values/gke-a3-ultra.yaml) or declare the fabric: --set fabric.expect=ib (InfiniBand / RoCE), efa, tcpx, tcpxo, gib, or socket (TCP: checked and reported, never refused); docs/fabric.md" $where) -}}
-{{- end -}}
-{{- if not $v.fabric.check -}}
-{{- fail (printf "fabric.check: %s: every multi-node run checks its fabric first (about a minute, against days of training); set fabric.check: true (fabric.expect=socket trains over TCP, reported by the check)" $where) -}}
-{{- end -}}
+{{- /* A multi-node GPU run of our trainer checks its fabric (dapo.k8s.fabric.check_fabric) */ -}}
+{{- if and (include "dapo.multiNodeGpu" .) (not $v.fabric.check) -}}
+{{- fail (printf "fabric.check: preset %q runs on %d nodes x %d GPUs: every multi-node run checks its fabric first (about a minute, against days of training); set fabric.check: true (fabric.expect=socket trains over TCP, reported by the check)" $v.preset (int $pl.nodes) (int $pl.gpus)) -}}
 {{- end -}}
 {{- end -}}
 
 {{/*
-What the cluster must already have (dapo/k8s/install_rules.py, same messages): the images the release runs were
-published (the chart's default repositories never were, unless image.published says so), and the claim's class is
-not the values files' placeholder shared-rwx.
+"true" for a run of our trainer on more than one GPU node: it declares its fabric and checks it (dapo.k8s.fabric).
 */}}
-{{- define "dapo.installRules" -}}
+{{- define "dapo.multiNodeGpu" -}}
 {{- $v := .Values -}}
+{{- $pl := include "dapo.placement" . | fromJson -}}
+{{- if and $v.train.enabled (ne $v.train.runner "reference") (ne $pl.backend "local") (not $pl.cpu) (gt (int $pl.nodes) 1) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Part of dapo.validate, after every contradiction: the values the install still needs, all in one refusal, one line
+each (the key, what is missing, the fix), from dapo.missingValues. dapo/k8s/values.py missing_values: the same.
+*/}}
+{{- define "dapo.validateMissing" -}}
+{{- $lines := compact (splitList "\n" (include "dapo.missingValues" .)) -}}
+{{- if $lines -}}
+{{- fail (printf "%d %s still needed before this installs:\n%s" (len $lines) (ternary "value" "values" (eq (len $lines) 1)) (join "\n" $lines)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The values a documented values file leaves to the user, one line each: the fabric of a multi-node GPU run, the images
+(dapo.missingImages), a ReadWriteMany class (not the values files' placeholder shared-rwx), what an evaluation reads,
+the queue's name.
+*/}}
+{{- define "dapo.missingValues" -}}
+{{- $v := .Values -}}
+{{- $pl := include "dapo.placement" . | fromJson -}}
+{{- if and (include "dapo.multiNodeGpu" .) (not $v.fabric.expect) -}}
+{{- printf "- fabric.expect: %d nodes x %d GPUs, no fabric declared (NCCL would silently use TCP): -f values/<cloud>.yaml (eks-p5, gke-a3-mega, gke-a3-high, gke-a3-ultra) or --set fabric.expect=ib|efa|tcpx|tcpxo|gib|socket (docs/fabric.md)\n" (int $pl.nodes) (int $pl.gpus) -}}
+{{- end -}}
+{{- include "dapo.missingImages" . -}}
+{{- $class := $v.storage.storageClassName | default "" -}}
+{{- $rwx := "--set storage.storageClassName=<your ReadWriteMany class> (kubectl get storageclass; docs/storage.md)" -}}
+{{- if and (not $v.storage.existingClaim) (eq $class "shared-rwx") -}}
+{{- printf "- storage.storageClassName: \"shared-rwx\" is the values files' placeholder: %s\n" $rwx -}}
+{{- else if and (not $v.storage.existingClaim) (not $class) (or (and $v.train.enabled (ne $pl.backend "local") (not $pl.cpu)) $v.eval.enabled) -}}
+{{- printf "- storage.storageClassName: unset, and the default class is ReadWriteOnce on EKS and GKE (the claim would stay Pending): %s, or storage.existingClaim=<claim>\n" $rwx -}}
+{{- end -}}
+{{- if $v.eval.enabled -}}
+{{- $p := include "dapo.effectivePreset" . | fromJson -}}
+{{- if and (not $v.eval.testFile) (not (($p.recipe | default dict).data | default dict).val_files) -}}
+{{- printf "- eval.testFile: preset %q has no recipe.data.val_files: --set eval.testFile=<the test file>\n" $v.preset -}}
+{{- end -}}
+{{- if and (not $v.eval.checkpointDir) (not (($p.recipe | default dict).trainer | default dict).default_local_dir) -}}
+{{- printf "- eval.checkpointDir: preset %q has no recipe.trainer.default_local_dir: --set eval.checkpointDir=<the checkpoints' directory>\n" $v.preset -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.queue.scheduler (not $v.queue.name) -}}
+{{- printf "- queue.name: required with queue.scheduler %q: --set queue.name=<queue>\n" $v.queue.scheduler -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The images the release runs that do not exist, one line each (dapo/k8s/install_rules.py, the same lines): verl on CPU
+with the CUDA training image; the chart's default repositories, never published (unless image.published says that
+the images named exist).
+*/}}
+{{- define "dapo.missingImages" -}}
+{{- $v := .Values -}}
+{{- $pl := include "dapo.placement" . | fromJson -}}
+{{- $cpuImage := and $pl.cpu (eq $v.image.repository "ghcr.io/dapo-k8s/dapo") -}}
+{{- if $cpuImage -}}
+{{- printf "- image.repository: preset %q runs verl on CPU, which needs vLLM's CPU build; ghcr.io/dapo-k8s/dapo carries the CUDA one: --set image.repository=<an image with the vLLM-on-CPU stack> (docs/verl.md, 'verl on CPU')\n" $v.preset -}}
+{{- end -}}
 {{- if not $v.image.published -}}
 {{- $images := list -}}
 {{- if $v.train.enabled -}}
 {{- if eq $v.train.runner "reference" -}}
 {{- $images = append $images (list "train.reference.image.repository" $v.train.reference.image.repository (include "dapo.imageRef" $v.train.reference.image)) -}}
-{{- else -}}
+{{- else if not $cpuImage -}}
 {{- $images = append $images (list "image.repository" $v.image.repository (include "dapo.imageRef" $v.image)) -}}
 {{- end -}}
 {{- end -}}
@@ -337,13 +369,13 @@ not the values files' placeholder shared-rwx.
 {{- $images = append $images (list "logs.image.repository" $l.repository (include "dapo.imageRef" $l)) -}}
 {{- end -}}
 {{- range $i := $images -}}
-{{- if has (index $i 1) (list "ghcr.io/dapo-k8s/dapo" "ghcr.io/dapo-k8s/dapo-eval") -}}
-{{- fail (printf "%s: %s is the chart's default image, which has not been published; build the images and push them to your registry with `make images REGISTRY=<registry>` (docs/images.md), then set image.repository=<registry>/dapo and eval.image.repository=<registry>/dapo-eval; if the images named do exist (a published release tag), set image.published=true" (index $i 0) (index $i 2)) -}}
+{{- $repo := index $i 1 -}}
+{{- if has $repo (list "ghcr.io/dapo-k8s/dapo" "ghcr.io/dapo-k8s/dapo-eval") -}}
+{{- $build := ternary "make image IMAGE_STACK=repro IMAGE=<registry>/dapo IMAGE_PUSH=1" "make images REGISTRY=<registry>" (eq (index $i 0) "train.reference.image.repository") -}}
+{{- if and (eq (index $i 0) "image.repository") (hasSuffix "-efa" (toString $v.image.tag)) -}}{{- $build = "make images REGISTRY=<registry> EFA=1" -}}{{- end -}}
+{{- printf "- %s: %s was never published: %s (docs/images.md), then --set %s=<registry>/%s (or image.published=true if it exists)\n" (index $i 0) (index $i 2) $build (index $i 0) (base $repo) -}}
 {{- end -}}
 {{- end -}}
-{{- end -}}
-{{- if and (not $v.storage.existingClaim) (eq ($v.storage.storageClassName | default "") "shared-rwx") -}}
-{{- fail "storage.storageClassName: \"shared-rwx\" is the values files' placeholder, not a class of your cluster (the claim would stay Pending): set your ReadWriteMany StorageClass, e.g. --set storage.storageClassName=$RWX_CLASS (kubectl get storageclass; docs/storage.md)" -}}
 {{- end -}}
 {{- end -}}
 
