@@ -8,7 +8,12 @@ needs flash-attn's varlen kernels), and the scale (lengths, batch sizes, 2 steps
 the worker groups were built with is the preset's own, key for key.
 
 One run (module fixture, ~3-4 min on 2 idle cores: vLLM's start is most of it), in the vLLM-on-CPU venv
-(``DAPO_VLLM_PYTHON``); the driver starts Ray itself with the preset's one logical GPU.
+(``DAPO_VLLM_PYTHON``); the driver starts Ray itself with the preset's one logical GPU. The same run then goes on for
+two more attempts, each with a fault injected from outside (the ``faults`` fixture): a vLLM engine frozen in a
+generation, then a save blocked in its write; each must end its attempt through the watchdog within the phase's budget
++ 60 s, with the stacks saved, and the attempt after resumes from the newest checkpoint. (The hung gloo rank, the
+slowed rank and the process-group timeout are in tests/test_verl_cpu_e2e.py; the same faults on the local backend in
+tests/test_attempt_faults.py.)
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -154,3 +160,122 @@ def test_it_trained_two_steps_on_one_rank_and_one_engine_and_saved_a_checkpoint(
     shards = sorted(p.name for p in actor.glob("model_world_size_*_rank_*.pt"))
     assert shards == ["model_world_size_1_rank_0.pt"], shards  # ONE FSDP rank
     print("timing_s/step:", [round(m["timing_s/step"], 1) for m in trained])
+
+
+# The same run continued for two more steps (a checkpoint every step, no validation), with a fault injected from
+# outside into each of two attempts: the vLLM engine frozen in a generation, then the checkpoint's write blocked.
+# Short budgets where the phase is the frozen one: the first generation of an attempt gets first_s (here 45 s; vLLM's
+# CPU warm-up is not reached, the engine is frozen before it answers), a save gets save_s (30 s).
+MORE = STEPS + 2
+FAULT_RECIPE = [f"recipe.trainer.total_training_steps={MORE}", "recipe.trainer.save_freq=1",
+                "recipe.trainer.test_freq=0", "recipe.trainer.val_before_train=false",
+                "recipe.trainer.watchdog.evidence_wait_s=10"]  # fmt: skip
+FROZEN_GEN = ["recipe.trainer.watchdog.first_s=45"]
+STUCK_SAVE = ["recipe.trainer.watchdog.save_s=30"]
+
+
+def _attempt(scenario, extra: list[str], name: str) -> subprocess.Popen:
+    out = open(scenario["root"] / f"{name}.out", "w")
+    argv = [*scenario["argv"], *FAULT_RECIPE, *extra]
+    return subprocess.Popen([vllm_python(), "-m", "dapo.train", *argv], env=_env(scenario["root"]),
+                            cwd=scenario["root"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_phase(run: Path, phase: str, step: int, proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> None:
+    """Until the loop's progress record says ``phase`` after ``step`` completed steps (dapo.train.attempts)."""
+    from dapo.train.attempts import read_progress
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the attempt ended (exit {proc.returncode}) before {phase} after step {step}"
+        rec = read_progress(run) or {}
+        if rec.get("phase") == phase and rec.get("step") == step:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"never reached {phase} after step {step}: {read_progress(run)}")
+
+
+def _engine_cores(driver_pid: int) -> list[int]:
+    """The vLLM engine processes (``VLLM::EngineCore``) of this run: descendants of the driver, which started Ray."""
+    import psutil
+
+    out = []
+    for p in psutil.Process(driver_pid).children(recursive=True):
+        try:
+            if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()):
+                out.append(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def faults(scenario):
+    """Attempt 2: the run continued; once it generates for step STEPS + 1, every vLLM engine process is frozen
+    (SIGSTOP: a wedged engine). Attempt 3: the checkpoint pointer's temporary file is a FIFO, so the save of step
+    STEPS + 1 blocks in its write (a hung volume). Each is left to the watchdog; what each wrote is returned."""
+    from dapo.train import attempts
+
+    root, run = scenario["root"], scenario["run"]
+    out: dict = {}
+    second = _attempt(scenario, FROZEN_GEN, "attempt-2")
+    try:
+        _wait_phase(run, "gen", STEPS, second)
+        engines = _engine_cores(second.pid)
+        assert engines, "no vLLM engine process under the driver"
+        for pid in engines:
+            os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        out["gen_exit"] = second.wait(timeout=600)
+        out["gen_ended_after_s"] = time.monotonic() - t0
+    finally:
+        kill_processes_naming(str(root))
+    out["gen_end"] = attempts.read_end(run / "logs", 2)
+    fifo = run / "checkpoints" / ".latest_checkpointed_iteration.txt.tmp"
+    os.mkfifo(fifo)
+    third = _attempt(scenario, STUCK_SAVE, "attempt-3")
+    try:
+        out["save_exit"] = third.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        kill_processes_naming(str(root))
+        fifo.unlink()
+    out["save_end"] = attempts.read_end(run / "logs", 3)
+    out["outs"] = {n: (root / f"attempt-{n}.out").read_text() for n in (2, 3)}
+    print(f"\nfrozen engine: attempt 2 ended {out['gen_ended_after_s']:.0f} s after the freeze "
+          f"(budget {out['gen_end']['budget_s']:.0f} s); stuck save: attempt 3 ended {out['save_end']['elapsed_s']:.0f} s "
+          f"into the save (budget {out['save_end']['budget_s']:.0f} s)")
+    return out
+
+
+def test_a_frozen_vllm_engine_ends_its_attempt_within_budget_and_the_next_resumes_from_the_newest_checkpoint(scenario,
+                                                                                                          faults):
+    """The engine froze in the generation of step STEPS + 1: the driver's watchdog ended the attempt (exit 6) within
+    the phase's budget + 60 s, its evidence holding the driver's stacks naming the phase and the FSDP rank's; the
+    attempt after resumed from checkpoint STEPS, the newest."""
+    from dapo.train import attempts
+
+    end = faults["gen_end"]
+    assert faults["gen_exit"] == attempts.EXIT_STALLED, faults["outs"][2][-4000:]
+    assert end["cause"] == "stalled" and end["phase"] == "gen" and end["step"] == STEPS + 1, end
+    assert end["elapsed_s"] <= end["budget_s"] + 60 and faults["gen_ended_after_s"] <= end["budget_s"] + 60, end
+    evidence = Path(end["evidence"])
+    assert f"phase gen of step {STEPS + 1}" in (evidence / "stacks-driver.txt").read_text()
+    assert list(evidence.glob("stacks-rank0-*.txt")), sorted(p.name for p in evidence.iterdir())  # the FSDP rank
+    assert f"resumed from {scenario['run'] / 'checkpoints' / f'global_step_{STEPS}'}" in faults["outs"][2]
+    assert f"resumed from {scenario['run'] / 'checkpoints' / f'global_step_{STEPS}'}" in faults["outs"][3]
+
+
+def test_a_save_stuck_on_io_ends_its_attempt_within_budget_and_leaves_the_newest_checkpoint_whole(scenario, faults):
+    """The save of step STEPS + 1 blocked in a write: the watchdog ended the attempt in the save phase (exit 6) within
+    its budget + 60 s, the driver's stacks showing the blocked write. The blocked write is the pointer's, the last of
+    a save: the checkpoint itself was written whole and marked complete before it, so it is the newest complete one,
+    the one the next attempt resumes from (by the marker, not the pointer)."""
+    from dapo.train import attempts
+    from dapo.train.checkpoint import complete_steps
+
+    end = faults["save_end"]
+    assert faults["save_exit"] == attempts.EXIT_STALLED, faults["outs"][3][-4000:]
+    assert end["cause"] == "stalled" and end["phase"] == "save" and end["step"] == STEPS + 1, end
+    assert end["elapsed_s"] <= end["budget_s"] + 60, end
+    assert "write_text" in (Path(end["evidence"]) / "stacks-driver.txt").read_text()
+    assert complete_steps(scenario["run"] / "checkpoints") == [STEPS, STEPS + 1]
