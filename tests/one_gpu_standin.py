@@ -64,7 +64,7 @@ def swaps(assets, run: Path, steps: int) -> list[str]:
         f"recipe.model.path={assets.policy_dir}",
         f"recipe.data.train_files=[{assets.train_file}]",
         f"recipe.data.val_files=[{assets.val_file}]",
-        # verl on CPU (docs/verl.md); remove-padding needs flash-attn's varlen kernels
+        # verl on CPU (docs/verl.md), remove-padding off as on every CPU run (a GPU-only setting there)
         "placement.accelerator=cpu",
         "recipe.model.use_remove_padding=false",
         # the task's lengths (its prompts are ~67 tokens with its own tokenizer), the buffer scaled with them

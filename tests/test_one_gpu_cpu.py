@@ -3,9 +3,9 @@ own workers with ONE FSDP rank and ONE colocated vLLM engine (its placement: 1 n
 
 The preset is taken as it is; the test swaps only what a CPU cannot take (tests/one_gpu_standin.py, ``SWAPPED``):
 the hub model for a locally built model of the same architecture and config shape, DAPO-Math-17k for locally made rows
-in its schema, the platform (``placement.accelerator=cpu``: docs/verl.md, "verl on CPU"; remove-padding off, which
-needs flash-attn's varlen kernels), and the scale (lengths, batch sizes, 2 steps). Every other value of the verl config
-the worker groups were built with is the preset's own, key for key.
+in its schema, the platform (``placement.accelerator=cpu``: docs/verl.md, "verl on CPU"; remove-padding off, as every
+verl run on CPU has it: one of "the GPU-only settings" there), and the scale (lengths, batch sizes, 2 steps). Every
+other value of the verl config the worker groups were built with is the preset's own, key for key.
 
 One run (module fixture) in the vLLM-on-CPU venv (``DAPO_VLLM_PYTHON``); the driver starts Ray itself with the
 preset's one logical GPU. Measured on 2 cores shared with other work (load average 8-26): 13.5 min in all -- the
