@@ -8,9 +8,9 @@ verl run on CPU has it: one of "the GPU-only settings" there), and the scale (le
 other value of the verl config the worker groups were built with is the preset's own, key for key.
 
 One run (module fixture) in the vLLM-on-CPU venv (``DAPO_VLLM_PYTHON``); the driver starts Ray itself with the
-preset's one logical GPU. Measured on 2 cores shared with other work (load average 8-26): 13.5 min in all -- the
-stand-in's warm start 2-3 min (one torch thread; 43 s at a lower load), `dapo train` 10.5 min, of which Ray, the
-worker group and the vLLM engine's start are most and the two steps 3.4 s and 3.1 s.
+preset's one logical GPU. Measured in three runs on 2 cores shared with other work (load average 8-26): 10.4-13.5 min
+in all -- the stand-in's warm start 2-3 min (one torch thread; 43 s at a lower load), `dapo train` 7-10.6 min, most of
+it Ray's, the worker group's and the vLLM engine's start; a step 3-9 s.
 """
 
 from __future__ import annotations
