@@ -18,7 +18,7 @@ from typing import Any
 
 # layers and query heads of the stand-in (tiny); everything else follows the real model's ratios
 LAYERS, HEADS = 2, 2
-# one-digit additions (all 100 of them: 68 to train on, 32 held out) and a warm start of 100 steps x 64 (30-45 s on one
+# one-digit additions (all 100 of them: 68 to train on, 32 held out) and a warm start of 100 steps x 64 (43 s on one
 # core): then ~16% of sampled answers are right and ~40% of groups of 4 have mixed outcomes (measured), enough for
 # dynamic sampling to fill small batches within the recipe's 10 generation batches
 TASK = {"digits": 1, "n_train": 68, "n_val": 32}
@@ -64,7 +64,7 @@ def swaps(assets, run: Path, steps: int) -> list[str]:
         f"recipe.model.path={assets.policy_dir}",
         f"recipe.data.train_files=[{assets.train_file}]",
         f"recipe.data.val_files=[{assets.val_file}]",
-        # verl on CPU (docs/verl.md); remove-padding needs flash-attn's varlen kernels
+        # verl on CPU (docs/verl.md), remove-padding off as on every CPU run (a GPU-only setting there)
         "placement.accelerator=cpu",
         "recipe.model.use_remove_padding=false",
         # the task's lengths (its prompts are ~67 tokens with its own tokenizer), the buffer scaled with them

@@ -3,23 +3,27 @@ own workers with ONE FSDP rank and ONE colocated vLLM engine (its placement: 1 n
 
 The preset is taken as it is; the test swaps only what a CPU cannot take (tests/one_gpu_standin.py, ``SWAPPED``):
 the hub model for a locally built model of the same architecture and config shape, DAPO-Math-17k for locally made rows
-in its schema, the platform (``placement.accelerator=cpu``: docs/verl.md, "verl on CPU"; remove-padding off, which
-needs flash-attn's varlen kernels), and the scale (lengths, batch sizes, 2 steps). Every other value of the verl config
-the worker groups were built with is the preset's own, key for key.
+in its schema, the platform (``placement.accelerator=cpu``: docs/verl.md, "verl on CPU"; remove-padding off, as every
+verl run on CPU has it: one of "the GPU-only settings" there), and the scale (lengths, batch sizes, 2 steps). Every
+other value of the verl config the worker groups were built with is the preset's own, key for key.
 
-One run (module fixture, ~3-4 min on 2 idle cores: vLLM's start is most of it), in the vLLM-on-CPU venv
-(``DAPO_VLLM_PYTHON``); the driver starts Ray itself with the preset's one logical GPU. The same run then goes on for
-two more attempts, each with a fault injected from outside (the ``faults`` fixture): a vLLM engine frozen in a
-generation, then a save blocked in its write; each must end its attempt through the watchdog within the phase's budget
-+ 60 s, with the stacks saved, and the attempt after resumes from the newest checkpoint. (The hung gloo rank, the
-slowed rank and the process-group timeout are in tests/test_verl_cpu_e2e.py; the same faults on the local backend in
-tests/test_attempt_faults.py.)
+One run (module fixture) in the vLLM-on-CPU venv (``DAPO_VLLM_PYTHON``); the driver starts Ray itself with the
+preset's one logical GPU. Measured in three runs on 2 cores shared with other work (load average 8-26): 10.4-13.5 min
+in all -- the stand-in's warm start 2-3 min (one torch thread; 43 s at a lower load), `dapo train` 7-10.6 min, most of
+it Ray's, the worker group's and the vLLM engine's start; a step 3-9 s.
+
+The same run then goes on for two more attempts, each with a fault injected from outside (the ``faults`` fixture): a
+vLLM engine frozen in a generation, then a save blocked in its write; each must end its attempt through the watchdog
+within the phase's budget + 60 s, with the stacks saved, and the attempt after resumes from the newest checkpoint.
+(The hung gloo rank, the slowed rank and the process-group timeout are in tests/test_verl_cpu_e2e.py; the same faults
+on the local backend in tests/test_attempt_faults.py.)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -159,7 +163,16 @@ def test_it_trained_two_steps_on_one_rank_and_one_engine_and_saved_a_checkpoint(
     actor = run / "checkpoints" / f"global_step_{STEPS}" / "actor"
     shards = sorted(p.name for p in actor.glob("model_world_size_*_rank_*.pt"))
     assert shards == ["model_world_size_1_rank_0.pt"], shards  # ONE FSDP rank
-    print("timing_s/step:", [round(m["timing_s/step"], 1) for m in trained])
+    # dynamic sampling on (the preset's): each step filled its 4 groups from generation batches of 12 prompts x 4
+    for m in trained:
+        assert 1 <= m["train/num_gen_batches"] <= 10 and 0 < m["train/kept_group_ratio"] <= 1, m
+        assert m["train/num_gen_samples"] == m["train/num_gen_batches"] * 12 * 4, m
+    # ONE vLLM engine: every line of the rollout server in the driver's log comes from one process
+    log = (run / "logs" / "attempt-1.log").read_text()
+    servers = set(re.findall(r"\(vLLMHttpServer pid=(\d+)", log))
+    assert len(servers) == 1, servers
+    print("timing_s/step:", [round(m["timing_s/step"], 1) for m in trained],
+          "generation batches:", [m["train/num_gen_batches"] for m in trained])
 
 
 # The same run continued for two more steps (a checkpoint every step, no validation), with a fault injected from
