@@ -43,6 +43,7 @@ RENDER_SETS: dict[str, tuple[tuple[str, ...], str]] = {
     "full": (("full.yaml",), "dapo"),
     "7b": (("7b.yaml",), "dapo"),
     "smoke": (("smoke.yaml",), "dapo-smoke"),
+    "one-gpu": (("one-gpu.yaml",), "dapo-one-gpu"),
     "tiny": (("tiny.yaml",), "dapo-tiny"),
     "eval": (("full.yaml", "eval.yaml"), "dapo-aime"),
     # the upstream DAPO recipe (verl 4f80e46) beside ours: train.runner reference

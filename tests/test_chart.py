@@ -310,7 +310,7 @@ def test_operator_values_pin_kuberay_1_7_0_with_the_gates_the_chart_uses():
     assert f"--version {versions.KUBERAY_VERSION}" in text
 
 
-@pytest.mark.parametrize("name", ["tiny", "smoke", "full"])
+@pytest.mark.parametrize("name", ["tiny", "smoke", "one-gpu", "full"])
 def test_training_driver_is_placed_on_a_worker_never_the_head(name):
     """The DAPO loop is the job driver: entrypointNumCpus 1 with a head of num-cpus "0" leaves Ray a worker as the
     only place to start it (cluster-facts: without entrypoint resources the driver runs on the head)."""
@@ -326,6 +326,20 @@ def test_training_driver_is_placed_on_a_worker_never_the_head(name):
         limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
         # the worker that hosts the driver has a CPU for it (KubeRay derives num-cpus from the CPU limit)
         assert float(limits["cpu"]) >= 1
+
+
+def test_the_one_gpu_values_render_one_worker_with_one_gpu_training_the_one_gpu_preset():
+    """values/one-gpu.yaml: one GPU worker pod requesting (and limited to) 1 GPU, Ray told of 1 GPU through the
+    placement the entrypoint passes, the preset one-gpu -- by Helm and by scripts/render.py alike."""
+    files, release = set_files("one-gpu")
+    values = user_values(files)
+    for objects in (helm_objects(values, release=release), python_objects(files, release=release)):
+        job = by_key(objects)[("RayJob", f"{release}-train")]["spec"]
+        (group,) = job["rayClusterSpec"]["workerGroupSpecs"]
+        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1
+        resources = group["template"]["spec"]["containers"][0]["resources"]
+        assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "1", resources
+        assert "/one-gpu.yaml placement.nodes=1 placement.gpus_per_node=1" in job["entrypoint"], job["entrypoint"]
 
 
 def test_local_backend_preset_gets_a_cpu_worker_group_of_its_placement_nodes():

@@ -47,7 +47,7 @@ from k8s_support import (
 )
 
 RWX = {"storage": {"storageClassName": "rwx-class"}}
-GPU_SETS = ["full", "early", "7b", "smoke"]
+GPU_SETS = ["full", "early", "7b", "smoke", "one-gpu"]
 
 
 def both(values, *, release="dapo"):

@@ -147,7 +147,7 @@ def test_incomplete_step_directories_older_than_the_newest_are_removed(tmp_path)
     assert ckpt.complete_steps(tmp_path) == [1, 2] and not (tmp_path / "global_step_0").exists()
 
 
-@pytest.mark.parametrize("name", ["full", "early", "7b", "smoke"])
+@pytest.mark.parametrize("name", ["full", "early", "7b", "smoke", "one-gpu"])
 def test_gpu_presets_bound_their_checkpoints_and_verl_config_carries_it(name):
     from dapo.backends.verl import config as verl_config
     from dapo.config import load_preset

@@ -239,10 +239,31 @@ def test_math_7b_without_the_position_override_is_an_error():
 
 
 def test_every_runnable_cluster_preset_plans_without_errors():
-    for name in ("early", "full", "7b", "smoke"):
+    for name in ("early", "full", "7b", "smoke", "one-gpu"):
         plan = make_plan(name)
         assert not plan.errors, (name, [str(c) for c in plan.errors])
         assert plan.time_s["step"] > 0 and plan.totals["gpu_hours"] > 0
+
+
+def test_the_one_gpu_preset_plans_one_rank_and_fits_a_24_gb_card():
+    """One GPU (world 1): the update's peak and the rollout's share (vLLM at gpu_memory_utilization beside the FSDP
+    state that stays) each fit a 24 GB card (~22.5 GiB usable), with room for a step's responses in vLLM's KV cache;
+    a step takes minutes at most on an H100."""
+    preset = load_preset("one-gpu")
+    plan = make_plan(preset)
+    assert plan.world == 1 and not plan.errors, [str(c) for c in plan.checks]
+    usable, A = 22.5, plan.assumptions  # GiB: a 24 GB card (L4, A10, RTX 4090)
+    m, context = plan.memory_gib, A["cuda_context_gib"]
+    assert m["train"]["total"] + context <= usable and m["train_at_budget"]["total"] + context <= usable, m["train"]
+    util = preset.placement.parallel.gpu_memory_utilization
+    assert util * usable + m["rollout"]["fsdp_resident"] + context <= usable, m["rollout"]
+    # vLLM's KV cache on that card holds a generation batch at the plan's mean lengths, and 128 whole sequences
+    kv_gib = util * usable - m["rollout"]["weights"] - A["vllm_reserve_gib"]
+    kv_tokens = kv_gib * GIB / ARCHS["qwen2.5-0.5b"].kv_bytes_per_token()
+    t, r = plan.tokens, preset.recipe
+    assert kv_tokens >= t["responses_generated"] * (t["mean_prompt"] + t["mean_response"]), kv_tokens
+    assert kv_tokens >= 128 * (r.data.max_prompt_length + r.data.max_response_length), kv_tokens
+    assert 0 < plan.time_s["step"] < 600
 
 
 # ------------------------------------------------------------------------------------------------ CLI and docs

@@ -116,6 +116,25 @@ EXPECTED = {
         "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
         "algorithm.filter_groups.enable": True,
     },
+    "one-gpu": {  # one FSDP rank and one colocated vLLM engine; the full algorithm
+        "actor_rollout_ref.model.path": "Qwen/Qwen2.5-0.5B-Instruct",
+        "trainer.nnodes": 1,
+        "trainer.n_gpus_per_node": 1,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
+        "actor_rollout_ref.rollout.gpu_memory_utilization": 0.4,
+        "data.max_prompt_length": 1024,
+        "data.max_response_length": 3072,
+        "actor_rollout_ref.rollout.max_model_len": 4096,
+        "actor_rollout_ref.actor.fsdp_config.param_offload": False,
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
+        "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+        "actor_rollout_ref.actor.clip_ratio_high": 0.28,
+        "algorithm.filter_groups.enable": True,
+        "algorithm.filter_groups.max_num_gen_batches": 10,
+        "reward.reward_kwargs.overlong_buffer_cfg.enable": True,
+        "actor_rollout_ref.rollout.free_cache_engine": True,  # vLLM sleeps while the actor trains on the same GPU
+    },
 }
 
 
@@ -165,7 +184,7 @@ def _hydra_text(value) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-@pytest.mark.parametrize("name", ["full", "early", "7b", "smoke", "verl-tiny"])
+@pytest.mark.parametrize("name", ["full", "early", "7b", "smoke", "one-gpu", "verl-tiny"])
 def test_the_typed_merge_equals_verls_own_command_line_composition(name):
     # the reference: Hydra composes verl's ppo_trainer from the same values written as main_ppo's command line
     preset = load_preset(name)
@@ -372,3 +391,23 @@ def test_dry_run_prints_the_complete_resolved_verl_config(capsys):
     assert body["trainer"]["default_local_dir"] == "/shared/checkpoints/DAPO-verl/DAPO-Qwen2.5-32B"  # resolved
     assert body["reward"]["reward_kwargs"]["overlong_buffer_cfg"]["len"] == 4096
     assert "dynamic sampling (dapo.train.loop, not verl's trainer): on, metric acc" in out
+
+
+def test_the_one_gpu_cpu_proofs_swaps_change_only_the_verl_keys_they_own(tmp_path):
+    """tests/test_one_gpu_cpu.py trains the one-gpu preset on CPU with these swaps (stand-in model and data, the CPU
+    platform, the scale); here, without Ray: the composed config differs from the preset's only in keys whose settings
+    row names a swapped preset key -- and one more change of the recipe would be caught."""
+    from types import SimpleNamespace
+
+    from one_gpu_standin import differences, swaps
+
+    assets = SimpleNamespace(policy_dir=tmp_path / "policy", train_file=tmp_path / "train.parquet",
+                             val_file=tmp_path / "val.parquet")
+    over = swaps(assets, tmp_path / "run", 2)
+    preset = verl_config.resolve(load_preset("one-gpu"))
+    for extra, caught in (([], set()), (["recipe.actor.clip_ratio_high=0.3"], {"actor_rollout_ref.actor.clip_ratio_high"})):
+        ran = verl_config.resolve(load_preset("one-gpu", over + extra))
+        differ, unexplained = differences(OmegaConf.to_container(preset.cfg), OmegaConf.to_container(ran.cfg),
+                                          preset.settings + ran.settings)
+        assert set(unexplained) == caught, unexplained
+        assert {"actor_rollout_ref.model.path", "trainer.device", "data.max_response_length"} <= differ

@@ -38,7 +38,7 @@ def _gib_below_and_at(name: str) -> tuple[str, str]:
     return f"{int(need // 2**30) - 1}Gi", f"{int(need // 2**30)}Gi"
 
 
-@pytest.mark.parametrize("name", ["full", "early", "7b", "smoke", "tiny"])
+@pytest.mark.parametrize("name", ["full", "early", "7b", "smoke", "one-gpu", "tiny"])
 def test_helm_and_render_py_refuse_a_volume_one_gib_short_with_the_same_message(name):
     files, release = set_files(name)
     short, exact = _gib_below_and_at(name)
