@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from dapo.k8s import render_objects
 from dapo.train import fabric
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
@@ -218,12 +217,11 @@ def _entrypoint(objects) -> str:
     ({"expect": "ib", "recheck": "2026-12-02"}, "--fabric-check=ib --fabric-recheck=2026-12-02 placement.nodes="),
     ({"expect": "socket"}, "--fabric-check=socket placement.nodes="),
 ])
-def test_fabric_values_reach_the_training_entrypoint_in_helm_and_render_py(fab, args):
-    from k8s_support import VALUES_DIR, helm_objects, python_objects, user_values
+def test_fabric_values_reach_the_training_entrypoint(fab, args):
+    from k8s_support import VALUES_DIR, helm_objects, user_values
 
     files = [VALUES_DIR / "full.yaml"]
     helm_job = _entrypoint(helm_objects(user_values(files, {"fabric": fab})))
-    assert helm_job == _entrypoint(python_objects(files, extra={"fabric": fab}))
     assert args in helm_job, helm_job
     from dapo.train.cli import build_parser
 
@@ -231,32 +229,27 @@ def test_fabric_values_reach_the_training_entrypoint_in_helm_and_render_py(fab, 
     assert parsed.fabric_check == fab["expect"] and parsed.fabric_recheck == fab.get("recheck")
 
 
-def _refusal(values: dict) -> tuple[str, str]:
-    """(Helm's message, render.py's) for these user values, with no stand-in."""
-    from dapo.k8s.presets import ValuesError
-    from k8s_support import CHART_DIR, chart, helm, render_script
+def _refusal(values: dict) -> str:
+    """The chart's message refusing these user values, with no stand-in (the template position left out)."""
+    from k8s_support import refusal
 
-    values = {"storage": {"storageClassName": "rwx"}, "image": {"published": True}, **values}
-    with pytest.raises(helm().HelmRenderError) as helm_err:
-        chart().render(values, name="dapo", namespace="ml")
-    with pytest.raises(ValuesError) as py_err:
-        render_objects(CHART_DIR, [], extra=values)
-    return str(helm_err.value), str(py_err.value)
+    return refusal([], {"storage": {"storageClassName": "rwx"}, "image": {"published": True}, **values},
+                   stand_in=False)
 
 
 @pytest.mark.parametrize("values", [{"preset": "full"}, {"preset": "early"}, {"preset": "7b"},
                                     {"preset": "smoke", "nodes": 2}])
-def test_a_multi_node_run_without_a_declared_fabric_is_refused_naming_the_fix_in_helm_and_render_py(values):
-    helm_msg, py_msg = _refusal(values)
-    assert py_msg in helm_msg and py_msg.startswith("fabric.expect: preset ")
+def test_a_multi_node_run_without_a_declared_fabric_is_refused_naming_the_fix(values):
+    py_msg = _refusal(values)
+    assert py_msg.startswith("fabric.expect: preset ")
     for fix in ("-f values/eks-p5.yaml", "-f values/gke-a3-mega.yaml", "-f values/gke-a3-high.yaml",
                 "-f values/gke-a3-ultra.yaml", "--set fabric.expect=ib", "socket"):
         assert fix in py_msg, fix
 
 
 def test_a_multi_node_run_cannot_turn_its_check_off():
-    helm_msg, py_msg = _refusal({"preset": "full", "fabric": {"expect": "efa", "check": False}})
-    assert py_msg in helm_msg and py_msg.startswith('fabric.check: preset "full" runs on 16 nodes x 8 GPUs: every')
+    py_msg = _refusal({"preset": "full", "fabric": {"expect": "efa", "check": False}})
+    assert py_msg.startswith('fabric.check: preset "full" runs on 16 nodes x 8 GPUs: every')
 
 
 @pytest.mark.parametrize("values, why", [
@@ -267,11 +260,10 @@ def test_a_multi_node_run_cannot_turn_its_check_off():
     ({"preset": "full", "fabric": {"expect": "socket"}}, "TCP, declared"),
 ])
 def test_runs_that_need_no_declared_fabric_render_without_one(values, why):
-    from k8s_support import CHART_DIR, helm_objects, render_script
+    from k8s_support import helm_objects
 
     values = {"storage": {"storageClassName": "rwx"}, "image": {"published": True}, **values}
-    objects = render_objects(CHART_DIR, [], extra=values, release="dapo", namespace="ml")
-    assert objects == helm_objects(values, stand_in=False), why
+    objects = helm_objects(values, stand_in=False)
     train = [o for o in objects if o["kind"] == "RayJob" and o["metadata"]["name"].endswith("-train")]
     if train and values.get("fabric", {}).get("expect") != "socket":
         assert "--fabric-check" not in train[0]["spec"]["entrypoint"], why
@@ -286,7 +278,7 @@ def test_the_readme_install_line_declares_a_fabric_and_full_alone_is_refused():
     install = next(ln for ln in readme.replace("\\\n", " ").splitlines()
                    if "charts/dapo" in ln and "values/full.yaml" in ln and ln.startswith("helm"))
     assert re.search(r'-f "?values/\$CLOUD\.yaml"?', install), install
-    assert _refusal({"preset": "full"})[1].startswith("fabric.expect:")
+    assert _refusal({"preset": "full"}).startswith("fabric.expect:")
 
 
 def test_notes_say_the_check_runs_first_and_where_a_failed_verdict_is():
