@@ -19,7 +19,7 @@ the overrides, or, with train.runner reference, the --log-dir of the reference e
 
 {{/*
 "true" when the training RayJob's follower acts between attempts (train.retries: nodes left out, the failure
-budget, the heartbeat backstop; dapo.cluster.keeper). dapo.k8s.followers.LogFollowers.follower_acts is the twin.
+budget, the heartbeat backstop; dapo.cluster.keeper).
 */}}
 {{- define "dapo.followerActs" -}}
 {{- $r := .Values.train.retries -}}
