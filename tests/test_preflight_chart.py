@@ -25,7 +25,7 @@ BRANCHES = [
                                                                 "nodeSelector": {"pool": "h100"}},
      "imagePullSecrets": [{"name": "regcred"}], "podSecurityContext": {"fsGroup": 100}},
     {"storage": {"existingClaim": "team-shared"}, "preflight": {"storage": {"throughput": False}}},
-    {"preflight": {"driver": False, "storage": {"enabled": False}}},
+    {"worker": {"minDriver": 0}, "preflight": {"storage": {"enabled": False}}},
     {"train": {"runner": "reference", "reference": {"image": {"repository": "registry.example.com/ml/dapo"}}},
      "rayAuth": {"enabled": False}},  # Ray 2.43 of the reproduction image has no token auth
 ]
@@ -168,7 +168,7 @@ def test_each_check_is_switched_off_by_its_value():
     cs, _ = containers(p[0])
     args = build_parser().parse_args(cs["storage"]["command"][3:])
     assert args.write_bytes == 0 and args.min_bytes_per_second == 0  # writability still checked
-    _, p = both({"preflight": {"driver": False, "storage": {"enabled": False}}})
+    _, p = both({"worker": {"minDriver": 0}, "preflight": {"storage": {"enabled": False}}})
     cs, spec = containers(p[0])
     assert list(cs) == ["image"] and "volumes" not in spec  # the image still has to pull onto the GPU pool
     _, p = both({"preflight": {"enabled": False}})

@@ -54,7 +54,7 @@ EVERY_BRANCH = {
              "submissionMode": "HTTPMode", "extraArgs": ["--n-samples", "32"], "activeDeadlineSeconds": None,
              "runtimeEnv": {"VLLM_LOGGING_LEVEL": "DEBUG"}},
     "logs": {"image": {"repository": "registry.local/dapo-logs", "tag": ""}, "rbac": {"create": False},
-             "serviceAccountName": "log-reader", "ttlSecondsAfterFinished": 86400, "backoffLimit": 0},
+             "serviceAccountName": "log-reader", "ttlSecondsAfterFinished": 86400},
     "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
     "rayAuth": {"secretName": "ray-token"},
     "networkPolicy": {"operator": {"namespace": "ray-system", "podLabels": {"app": "kuberay"}},

@@ -116,7 +116,9 @@ metadata:
   labels:
     {{- include "dapo.labels" (dict "root" $root "component" (printf "%s-logs" .kind)) | nindent 4 }}
 spec:
-  backoffLimit: {{ $lg.backoffLimit | int }}
+  {{- /* failures of the follower pod before the Job gives up (a restart in place, evictions and the run's own failure
+  do not count: podFailurePolicy) */}}
+  backoffLimit: 3
   {{- if not (kindIs "invalid" $lg.ttlSecondsAfterFinished) }}
   ttlSecondsAfterFinished: {{ $lg.ttlSecondsAfterFinished | int }}
   {{- end }}
