@@ -205,7 +205,7 @@ def test_the_check_runs_as_ray_actors_in_a_placement_group(tmp_path):
     assert fabric.judge(report, "socket", floor_gbps=1e-6) == []
 
 
-# --- the chart: fabric.* reaches the training entrypoint, identically in Helm and render.py ---------------------------
+# --- the chart: fabric.* reaches the training entrypoint --------------------------------------------------------------
 
 def _entrypoint(objects) -> str:
     return next(o for o in objects if o["kind"] == "RayJob")["spec"]["entrypoint"]

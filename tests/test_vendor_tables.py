@@ -172,7 +172,7 @@ def test_every_cloud_file_has_its_vendor_table():
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
-def test_every_row_of_the_vendor_table_is_what_helm_and_render_py_render(cloud):
+def test_every_row_of_the_vendor_table_is_what_the_chart_renders(cloud):
     rendered = Rendered(cloud)
     rows = TABLES[cloud]
     assert len(rows) >= 8, f"{cloud}: {len(rows)} rows"
