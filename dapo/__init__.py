@@ -13,7 +13,7 @@ Packages, each importing only from the rows above it (``tests/test_layout.py`` c
   dapo.backends.local | dapo.backends.verl   HF in one process (CPU / one GPU) | verl worker groups on Ray
   dapo.plan                                  a run before it starts: steps, time, GPU and host memory, storage
   dapo.reference                             the upstream DAPO recipe of verl, run through the same chart
-  dapo.k8s                                   pure manifest builders (scripts/render.py; parity with charts/dapo)
+  dapo.k8s                                   charts/dapo through Helm's engine (scripts/render.py), dapo doctor
   dapo.bench                                 the ablation ladder, timing, TRL side by side
 
 The command lines (``dapo.cli`` = the ``dapo`` command, each package's ``cli`` and ``__main__``) sit on top.

@@ -1,10 +1,11 @@
-"""Helpers shared by the chart / render / manifest / submission tests: real Helm via helm_python, and the twin
-Python renderer (scripts/render.py, dapo.k8s)."""
+"""Helpers shared by the chart / render / manifest / submission tests: the chart rendered by Helm's own engine
+(helm_python, the Helm SDK that scripts/render.py and dapo doctor render with), and the pods KubeRay builds from it."""
 
 from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import importlib.util
 import json
 from http.server import BaseHTTPRequestHandler
@@ -14,34 +15,80 @@ from typing import Any
 import yaml
 
 from conftest import ROOT
-from dapo.k8s import HELM_ONLY_LABELS, render_objects
-from dapo.k8s.values import _merge
+from dapo.k8s import ValuesError
 
 CHART_DIR = ROOT / "charts" / "dapo"
 VALUES_DIR = ROOT / "values"
+# Labels only Helm writes (the chart's dapo.labels): left out of the objects the tests compare unless strip=False.
+HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 # The cluster the tests render for, layered after the values files and before a test's own values: its images exist
 # under the chart's default names, its ReadWriteMany class is rwx-class (what `scripts/render.py --all` renders for:
 # RENDER_CLUSTER there). Without it the chart refuses the unpublished default images and the values files'
-# placeholder class (dapo.k8s.install_rules); stand_in=False renders without it. Its network is InfiniBand: a run on
-# more than one GPU node whose values declare no fabric gets fabric.expect ib (the chart refuses such a run otherwise:
-# dapo.k8s.fabric), as scripts/render.py's RENDER_FABRIC renders those sets.
+# placeholder class (the chart's dapo.missingValues); stand_in=False renders without it. Its network is InfiniBand: a
+# run on more than one GPU node whose values declare no fabric gets fabric.expect ib (the chart refuses such a run
+# otherwise), as scripts/render.py's RENDER_FABRIC renders those sets.
 STAND_IN = {"image": {"published": True}, "storage": {"storageClassName": "rwx-class"}}
 STAND_IN_FABRIC = {"fabric": {"expect": "ib"}}
+
+
+def _drop_nulls(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _drop_nulls(v) for k, v in data.items() if v is not None}
+    return copy.deepcopy(data)
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """A copy of base with over merged into it: maps merge, anything else is replaced, a null removes the key."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = _drop_nulls(value)
+    return out
+
+
+def multi_node_gpu_training(values: dict[str, Any]) -> bool:
+    """Chart values (coalesced) that make a training run of our trainer on more than one GPU node: the runs the chart
+    makes declare their fabric (its dapo.validateFabric)."""
+    from dapo.k8s import placement
+    from dapo.k8s.presets import merged_preset
+
+    pl = placement(values, merged_preset(values["preset"]))
+    return bool(values["train"]["enabled"] and values["train"]["runner"] != "reference" and pl["backend"] != "local"
+                and not pl["cpu"] and pl["nodes"] > 1)
 
 
 def stand_in_fabric(files=(), values: dict[str, Any] | None = None) -> dict[str, Any]:
     """STAND_IN_FABRIC when these values make a multi-node GPU run that declares no fabric, else {}."""
     from dapo.k8s import load_values
-    from dapo.k8s.fabric import multi_node
-    from dapo.k8s.presets import ValuesError, merged_preset
-    from dapo.k8s.values import placement
 
     try:
         v = load_values(CHART_DIR, list(files), (), copy.deepcopy(values or {}))
-        pl = placement(v, merged_preset(v["preset"]))
+        multi = multi_node_gpu_training(v)
     except (ValuesError, FileNotFoundError, KeyError):  # the render reports what is wrong
         return {}
-    return copy.deepcopy(STAND_IN_FABRIC) if multi_node(v, pl) and not v["fabric"]["expect"] else {}
+    return copy.deepcopy(STAND_IN_FABRIC) if multi and not v["fabric"]["expect"] else {}
+
+
+def go_json(data: Any) -> str:
+    """Go's encoding/json (Helm's ``toJson``): keys sorted, no spaces, <, >, &, U+2028, U+2029 escaped."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                    ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return text
+
+
+def spec_sha256(spec: dict[str, Any], preset_files: dict[str, str] | None = None) -> str:
+    """What the chart's dapo.rayJobWithHash writes into dapo-k8s.github.io/spec-sha256: SHA-256 of the Go JSON of the
+    spec (and of the preset files the training job reads)."""
+    content: dict[str, Any] = {"spec": spec}
+    if preset_files is not None:
+        content["presetFiles"] = preset_files
+    return hashlib.sha256(go_json(content).encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,8 +114,8 @@ def chart():
 
 def on_stand_in(values: dict[str, Any]) -> dict[str, Any]:
     """STAND_IN with these values over it (a copy), and its fabric where the run needs one."""
-    out = _merge(copy.deepcopy(STAND_IN), copy.deepcopy(values))
-    return _merge(out, stand_in_fabric(values=out))
+    out = merge(copy.deepcopy(STAND_IN), copy.deepcopy(values))
+    return merge(out, stand_in_fabric(values=out))
 
 
 def user_values(files: list[Path] | tuple[Path, ...], extra: dict[str, Any] | None = None, *,
@@ -77,13 +124,13 @@ def user_values(files: list[Path] | tuple[Path, ...], extra: dict[str, Any] | No
     (unless stand_in is False), then extra."""
     out: dict[str, Any] = {}
     for f in files:
-        out = _merge(out, yaml.safe_load(Path(f).read_text()) or {})
+        out = merge(out, yaml.safe_load(Path(f).read_text()) or {})
     if stand_in:
-        out = _merge(out, copy.deepcopy(STAND_IN))
+        out = merge(out, copy.deepcopy(STAND_IN))
     if extra:
-        out = _merge(out, extra)
+        out = merge(out, extra)
     if stand_in:
-        out = _merge(out, stand_in_fabric(values=out))
+        out = merge(out, stand_in_fabric(values=out))
     return out
 
 
@@ -91,8 +138,8 @@ def helm_render(values: dict[str, Any], *, release: str = "dapo", namespace: str
                 stand_in: bool = True) -> dict[str, str]:
     """`helm template` of these user values; STAND_IN beneath them unless stand_in is False."""
     if stand_in:
-        values = _merge(copy.deepcopy(STAND_IN), values)
-        values = _merge(values, stand_in_fabric(values=values))
+        values = merge(copy.deepcopy(STAND_IN), values)
+        values = merge(values, stand_in_fabric(values=values))
     return chart().render(copy.deepcopy(values), name=release, namespace=namespace)
 
 
@@ -126,12 +173,39 @@ def set_files(name: str) -> tuple[list[Path], str]:
     return [VALUES_DIR / f for f in files], release
 
 
-def python_objects(files, *, release: str = "dapo", namespace: str | None = "ml",
-                   extra: dict[str, Any] | None = None, stand_in: bool = True) -> list[dict[str, Any]]:
-    if stand_in:
-        extra = _merge(copy.deepcopy(STAND_IN), extra or {})
-        extra = _merge(extra, stand_in_fabric(files, extra))
-    return render_objects(CHART_DIR, list(files), release=release, namespace=namespace, extra=extra)
+def chart_objects(files=(), *, release: str = "dapo", namespace: str = "ml", extra: dict[str, Any] | None = None,
+                  stand_in: bool = True, hooks: bool = False) -> list[dict[str, Any]]:
+    """helm_objects of these values files with extra over them (user_values); a refusal of the chart raises
+    ValuesError with Helm's message, the template position left out (what scripts/render.py prints)."""
+    from dapo.k8s.helm import _message
+
+    values = user_values(list(files), copy.deepcopy(extra) if extra else None, stand_in=stand_in)
+    try:
+        return helm_objects(values, release=release, namespace=namespace, stand_in=False, hooks=hooks)
+    except helm().HelmError as exc:
+        raise ValuesError(_message(exc)) from exc
+
+
+def refusal(files=(), extra: dict[str, Any] | None = None, *, stand_in: bool = True, release: str = "dapo") -> str:
+    """The chart's message refusing these values."""
+    try:
+        chart_objects(files, extra=extra, stand_in=stand_in, release=release)
+    except ValuesError as exc:
+        return str(exc)
+    raise AssertionError(f"the chart renders {extra}")
+
+
+def doctor_release(files=(), sets=(), *, extra: dict[str, Any] | None = None, release: str = "dapo",
+                   namespace: str = "ml") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(values, objects) as `dapo doctor -f <files> --set <sets>` reads them (dapo.k8s.doctor_cli.read_release),
+    extra merged over the files and sets."""
+    from dapo.k8s import helm
+    from dapo.k8s.doctor_cli import read_release
+
+    user = helm.user_values(helm.ValueOptions(files=[str(f) for f in files], set=list(sets)))
+    if extra:
+        user = helm.merge_maps(user, copy.deepcopy(extra))
+    return read_release(CHART_DIR, user, release=release, namespace=namespace)
 
 
 def by_key(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -150,10 +224,9 @@ def parse_sets(sets: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def both_renderers(values: dict[str, Any], *, release: str = "dapo"):
-    """(Helm objects, render.py objects) by (kind, name), for chart values on top of the defaults."""
-    return (by_key(helm_objects(copy.deepcopy(values), release=release)),
-            by_key(python_objects([], release=release, extra=copy.deepcopy(values))))
+def objects_by_key(values: dict[str, Any], *, release: str = "dapo") -> dict[tuple[str, str], dict[str, Any]]:
+    """Helm's objects by (kind, name), for chart values on top of the defaults (and STAND_IN)."""
+    return by_key(helm_objects(copy.deepcopy(values), release=release))
 
 
 def pod_templates(rayjob: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

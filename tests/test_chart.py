@@ -10,14 +10,11 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from dapo.k8s import ValuesError, versions
-from dapo.k8s.manifests import Chart
+from dapo.k8s import ValuesError, load_values, versions
 from dapo.k8s.presets import runnable_presets
-from dapo.k8s import render_objects
 from k8s_support import (
     CHART_DIR,
     on_stand_in,
-    python_objects,
     VALUES_DIR,
     by_key,
     chart,
@@ -95,9 +92,9 @@ def test_ci_values_lint_strict(path):
 def test_schema_rejects_bad_values_naming_the_key(values, where):
     with pytest.raises(helm().HelmValuesError, match=re.escape(where)):
         chart().render(values, name="dapo", namespace="ml")
-    # scripts/render.py checks the same schema
+    # dapo doctor and dapo plan read the values through Helm's schema check too
     with pytest.raises(ValuesError, match=re.escape(where)):
-        render_objects(CHART_DIR, [], extra=values)
+        load_values(CHART_DIR, [], [], values)
 
 
 DELETE_OK = [{"policy": "DeleteCluster", "condition": {"jobStatus": "FAILED", "ttlSeconds": 60}}]
@@ -155,11 +152,9 @@ FAIL_CASES = [
 
 
 @pytest.mark.parametrize("values, key", FAIL_CASES, ids=[k for _, k in FAIL_CASES])
-def test_cross_field_rule_fails_naming_the_key_in_helm_and_render_py(values, key):
+def test_cross_field_rule_fails_naming_the_key(values, key):
     with pytest.raises(helm().HelmRenderError, match=re.escape(key)):
         chart().render(values, name="dapo", namespace="ml")
-    with pytest.raises(ValuesError, match=re.escape(key)):
-        render_objects(CHART_DIR, [], extra=values)
 
 
 def test_rayjob_name_limit_counts_the_suffix():
@@ -292,15 +287,6 @@ def test_queue_labels_for_each_batch_scheduler():
         assert job["metadata"]["labels"][label] == "gpu-q"
 
 
-def test_python_twin_refuses_what_helm_refuses_without_helm():
-    """Chart() applies the rules on coalesced values even when no schema is available (a user's own tooling)."""
-    from dapo.k8s import load_values
-
-    values = load_values(CHART_DIR, [], [], {"queue": {"scheduler": "volcano", "name": ""}})
-    with pytest.raises(ValuesError, match=r"(?m)^- queue\.name: required with queue\.scheduler \"volcano\""):
-        Chart(values, release="dapo", namespace="ml")
-
-
 def test_operator_values_pin_kuberay_1_7_0_with_the_gates_the_chart_uses():
     ops = yaml.safe_load((ROOT / "k8s" / "kuberay-operator-values.yaml").read_text())
     assert ops["image"]["tag"] == f"v{versions.KUBERAY_VERSION}"
@@ -316,30 +302,27 @@ def test_training_driver_is_placed_on_a_worker_never_the_head(name):
     only place to start it (cluster-facts: without entrypoint resources the driver runs on the head)."""
     files, release = set_files(name)
     values = user_values(files)
-    for objects in (helm_objects(values, release=release), python_objects(files, release=release)):
-        job = by_key(objects)[("RayJob", f"{release}-train")]["spec"]
-        assert job["entrypointNumCpus"] == 1
-        cluster = job["rayClusterSpec"]
-        assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
-        (group,) = cluster["workerGroupSpecs"]
-        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] >= 1
-        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
-        # the worker that hosts the driver has a CPU for it (KubeRay derives num-cpus from the CPU limit)
-        assert float(limits["cpu"]) >= 1
+    job = by_key(helm_objects(values, release=release))[("RayJob", f"{release}-train")]["spec"]
+    assert job["entrypointNumCpus"] == 1
+    cluster = job["rayClusterSpec"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    (group,) = cluster["workerGroupSpecs"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] >= 1
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    # the worker that hosts the driver has a CPU for it (KubeRay derives num-cpus from the CPU limit)
+    assert float(limits["cpu"]) >= 1
 
 
 def test_the_one_gpu_values_render_one_worker_with_one_gpu_training_the_one_gpu_preset():
     """values/one-gpu.yaml: one GPU worker pod requesting (and limited to) 1 GPU, Ray told of 1 GPU through the
-    placement the entrypoint passes, the preset one-gpu -- by Helm and by scripts/render.py alike."""
+    placement the entrypoint passes, the preset one-gpu."""
     files, release = set_files("one-gpu")
-    values = user_values(files)
-    for objects in (helm_objects(values, release=release), python_objects(files, release=release)):
-        job = by_key(objects)[("RayJob", f"{release}-train")]["spec"]
-        (group,) = job["rayClusterSpec"]["workerGroupSpecs"]
-        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1
-        resources = group["template"]["spec"]["containers"][0]["resources"]
-        assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "1", resources
-        assert "/one-gpu.yaml placement.nodes=1 placement.gpus_per_node=1" in job["entrypoint"], job["entrypoint"]
+    job = by_key(helm_objects(user_values(files), release=release))[("RayJob", f"{release}-train")]["spec"]
+    (group,) = job["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1
+    resources = group["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "1", resources
+    assert "/one-gpu.yaml placement.nodes=1 placement.gpus_per_node=1" in job["entrypoint"], job["entrypoint"]
 
 
 def test_local_backend_preset_gets_a_cpu_worker_group_of_its_placement_nodes():

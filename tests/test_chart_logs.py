@@ -11,11 +11,10 @@ import shlex
 import pytest
 
 from dapo.config import load_preset, split_overrides
-from dapo.k8s.followers import FAIL_JOB_CODES
 from dapo.train.cli import build_parser as train_parser
 from dapo.train.cli import run_dir_of
 from dapo.cluster.follow import build_parser as follow_parser
-from k8s_support import VALUES_DIR, by_key, helm_objects, python_objects, render_script, set_files, user_values
+from k8s_support import VALUES_DIR, by_key, chart_objects, helm_objects, render_script, set_files, user_values
 
 SETS = sorted(render_script().RENDER_SETS)
 
@@ -36,7 +35,7 @@ def driver_log_dir(rayjob: dict) -> str:
 @pytest.mark.parametrize("name", SETS)
 def test_every_rayjob_has_a_follower_of_the_directory_its_driver_writes(name):
     files, release = set_files(name)
-    objects = by_key(python_objects(files, release=release))
+    objects = by_key(chart_objects(files, release=release))
     rayjobs = [o for (kind, _), o in objects.items() if kind == "RayJob"]
     assert rayjobs
     for rayjob in rayjobs:
@@ -100,18 +99,18 @@ def test_the_follower_reads_its_rayjobs_lists_pods_and_events_and_acts_only_on_t
         # attempt it ended)
         assert all(m.get("readOnly") == (kind == "eval") for c in pod["initContainers"] + pod["containers"]
                    for m in c["volumeMounts"] if m["name"] == "shared")
+        # the main container's exit codes that end the Job at once: the run failed (1), a usage error (2)
         rules = job["spec"]["podFailurePolicy"]["rules"]
         assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "result", "operator": "In",
-                                                                 "values": FAIL_JOB_CODES}}
+                                                                 "values": [1, 2]}}
         assert rules[1]["action"] == "Ignore" and rules[1]["onPodConditions"][0]["type"] == "DisruptionTarget"
 
 
-def test_logs_disabled_leaves_no_follower_and_no_rbac_in_helm_and_render_py():
+def test_logs_disabled_leaves_no_follower_and_no_rbac():
     extra = {"logs": {"enabled": False}, "storage": {"storageClassName": "rwx-class"}}
-    for objects in (helm_objects(user_values([VALUES_DIR / "full.yaml"], extra)),
-                    python_objects([VALUES_DIR / "full.yaml"], extra=extra)):
-        kinds = {o["kind"] for o in objects if o["metadata"]["name"] not in ("dapo-preflight", "dapo-train-start")}
-        assert not kinds & {"Job", "Role", "RoleBinding", "ServiceAccount"}, kinds
-        guard = [o for o in objects if o["metadata"]["name"] == "dapo-train-start"]  # no follower Job to delete
-        role = next(o for o in guard if o["kind"] == "Role")
-        assert not [r for r in role["rules"] if r["resources"] == ["jobs"]]
+    objects = helm_objects(user_values([VALUES_DIR / "full.yaml"], extra))
+    kinds = {o["kind"] for o in objects if o["metadata"]["name"] not in ("dapo-preflight", "dapo-train-start")}
+    assert not kinds & {"Job", "Role", "RoleBinding", "ServiceAccount"}, kinds
+    guard = [o for o in objects if o["metadata"]["name"] == "dapo-train-start"]  # no follower Job to delete
+    role = next(o for o in guard if o["kind"] == "Role")
+    assert not [r for r in role["rules"] if r["resources"] == ["jobs"]]

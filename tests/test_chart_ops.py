@@ -1,5 +1,5 @@
-"""What a multi-week run on a real cluster needs from the chart, checked with real Helm (helm_python) and the Python
-twin (scripts/render.py): writable shared volume, submission mode, deadlines, the upgrade guard (Helm's own `lookup`
+"""What a multi-week run on a real cluster needs from the chart, checked on what Helm renders (helm_python, the engine
+scripts/render.py renders with): writable shared volume, submission mode, deadlines, the upgrade guard (Helm's own `lookup`
 against a stand-in API server), evaluation that follows the run's overrides, a hard-to-kill head, the escape hatches
 of KubeRay's own chart, the model fetched once, and the GPU start-up check."""
 
@@ -21,49 +21,41 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from dapo.config import apply_overrides, load_preset
+from dapo.config import load_preset, resolve_trainer_refs, split_overrides
 from dapo.k8s import ValuesError, load_values
-from dapo.k8s.manifests import Chart
-from dapo.k8s.presets import effective_preset, merged_preset, trainer_path
-from dapo.k8s.security import RESTRICTED_CONTAINER
-from dapo.config import split_overrides
-from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, follower_refusal, go_json, spec_sha256, upgrade_refusal
-from dapo.k8s import render_objects
+from dapo.k8s.upgrade import SPEC_HASH_ANNOTATION, follower_refusal, upgrade_refusal
 from k8s_support import (
     CHART_DIR,
-    on_stand_in,
     VALUES_DIR,
     JsonHandler,
     by_key,
     chart,
+    chart_objects,
     helm,
     helm_notes,
     helm_objects,
-    python_objects,
     ray_pod_templates,
     render_script,
     set_files,
+    spec_sha256,
+    go_json,
     user_values,
 )
 
 RWX = {"storage": {"storageClassName": "rwx-class"}}
+# the container half of the "restricted" Pod Security profile (the pod half is on the pod)
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 GPU_SETS = ["full", "early", "7b", "smoke", "one-gpu"]
 
 
-def both(values, *, release="dapo"):
-    """(Helm objects, render.py objects) by (kind, name), for chart values on top of the defaults."""
-    h = by_key(helm_objects(copy.deepcopy(values), release=release))
-    p = by_key(python_objects([], release=release, extra=copy.deepcopy(values)))
-    return h, p
+def rendered(values, *, release="dapo"):
+    """Helm's objects by (kind, name), for chart values on top of the defaults."""
+    return by_key(helm_objects(copy.deepcopy(values), release=release))
 
 
 def refused(values, key):
-    with pytest.raises(helm().HelmRenderError, match=re.escape(key)) as h:
+    with pytest.raises(helm().HelmRenderError, match=re.escape(key)):
         chart().render(copy.deepcopy(values), name="dapo", namespace="ml")
-    with pytest.raises(ValuesError, match=re.escape(key)) as p:
-        render_objects(CHART_DIR, [], extra=copy.deepcopy(values))
-    helm_msg = str(h.value).split("): ", 1)[-1]
-    assert str(p.value) == helm_msg  # the same message, word for word
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -71,20 +63,19 @@ def refused(values, key):
 
 
 @pytest.mark.parametrize("preset", GPU_SETS)
-def test_gpu_preset_without_storage_class_or_claim_is_refused_in_helm_and_render_py(preset):
+def test_gpu_preset_without_storage_class_or_claim_is_refused(preset):
     refused({"preset": preset}, "- storage.storageClassName: unset, and the default class is ReadWriteOnce on EKS")
 
 
 def test_storage_rule_accepts_a_class_an_existing_claim_or_the_cpu_preset():
     for values in ({"storage": {"storageClassName": "rwx"}}, {"storage": {"existingClaim": "mine"}},
                    {"preset": "tiny"}):
-        h, p = both(values)
-        assert h == p and ("RayJob", "dapo-train") in h
+        assert ("RayJob", "dapo-train") in rendered(values)
 
 
 def test_every_gpu_values_file_names_a_marked_storage_class():
     """The values files carry a placeholder class on a marked line; the chart refuses it until the user names theirs
-    (dapo.k8s.install_rules; the refusal is tested in tests/test_install_rules.py)."""
+    (the chart's dapo.missingValues; the refusal is tested in tests/test_install_rules.py)."""
     for name in GPU_SETS:
         text = (VALUES_DIR / f"{name}.yaml").read_text()
         assert yaml.safe_load(text)["storage"]["storageClassName"] == "shared-rwx"
@@ -98,7 +89,7 @@ def test_every_gpu_values_file_names_a_marked_storage_class():
 @pytest.mark.parametrize("name", sorted(render_script().RENDER_SETS))
 def test_every_container_of_every_head_has_requests_equal_to_limits(name):
     files, release = set_files(name)
-    for job in (o for o in python_objects(files, release=release) if o["kind"] == "RayJob"):
+    for job in (o for o in chart_objects(files, release=release) if o["kind"] == "RayJob"):
         head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
         for c in head.get("initContainers", []) + head["containers"]:
             r = c["resources"]
@@ -128,7 +119,7 @@ def test_a_burstable_head_is_refused(values, key):
 def test_long_runs_submit_over_http_with_per_attempt_deadlines(name):
     files, release = set_files(name)
     values = user_values(files)
-    spec = by_key(python_objects(files, release=release))[("RayJob", f"{release}-train")]["spec"]
+    spec = by_key(chart_objects(files, release=release))[("RayJob", f"{release}-train")]["spec"]
     # HTTPMode: no submitter whose backoffLimit counts `ray job logs --follow` failures over weeks
     assert spec["submissionMode"] == "HTTPMode"
     assert "submitterPodTemplate" not in spec and "submitterConfig" not in spec
@@ -177,8 +168,7 @@ def test_values_describe_deadlines_per_attempt_not_retries_included():
 def test_k8s_job_mode_submitter_gets_the_account_priority_and_pod_security_context():
     values = {**RWX, "train": {"submissionMode": "K8sJobMode"}, "serviceAccountName": "runner",
               "priorityClassName": "high", "podSecurityContext": {"fsGroup": 100}}
-    h, p = both(values)
-    assert h == p
+    p = rendered(values)
     pod = p[("RayJob", "dapo-train")]["spec"]["submitterPodTemplate"]["spec"]
     assert pod["serviceAccountName"] == "runner" and pod["priorityClassName"] == "high"
     # the chart's restricted defaults, with the value's fsGroup merged in (Helm merges maps)
@@ -203,15 +193,13 @@ def test_eval_release_evaluates_the_checkpoints_of_deploy_md_example_run():
     assert any(o.startswith("recipe.trainer.experiment_name=") for o in overrides)
     # the reference: the preset as `dapo train` loads it with these overrides
     trainer = load_preset("full", split_overrides(overrides)[0]).recipe.trainer
-    expected = trainer_path(trainer.default_local_dir, {"project_name": trainer.project_name,
-                                                        "experiment_name": trainer.experiment_name})
+    expected = resolve_trainer_refs(trainer.default_local_dir, {"project_name": trainer.project_name,
+                                                                "experiment_name": trainer.experiment_name})
     assert expected.endswith(f"/{trainer.experiment_name}") and trainer.experiment_name != "DAPO-Qwen2.5-32B"
     files, release = set_files("eval")
     values = user_values(files, {"overrides": overrides})
-    helm = by_key(helm_objects(values, release=release))
-    python = by_key(python_objects(files, release=release, extra={"overrides": overrides}))
-    assert helm == python
-    argv = python[("RayJob", "dapo-aime-eval")]["spec"]["entrypoint"].split()
+    objects = by_key(helm_objects(values, release=release))
+    argv = objects[("RayJob", "dapo-aime-eval")]["spec"]["entrypoint"].split()
     assert argv[argv.index("--checkpoint-dir") + 1] == expected
     assert argv[argv.index("--output") + 1] == f"{expected}/eval"
     # the training release's NOTES name the same run and directory
@@ -219,15 +207,7 @@ def test_eval_release_evaluates_the_checkpoints_of_deploy_md_example_run():
     assert f"run {trainer.experiment_name}" in notes and f"# checkpoints: {expected} on claim" in notes
 
 
-def test_effective_preset_applies_preset_keys_like_dapo_config_and_leaves_verl_keys():
-    overrides = ["recipe.trainer.experiment_name=x-run2", "recipe.trainer.save_freq=10",
-                 "recipe.model.path=Qwen/Qwen2.5-Math-7B", "trainer.log_val_generations=2"]
-    ours, _ = split_overrides(overrides)
-    preset = merged_preset("full")
-    assert effective_preset(preset, overrides) == apply_overrides(preset, ours)
-
-
-def test_an_override_through_a_scalar_is_refused_in_helm_and_render_py():
+def test_an_override_through_a_scalar_is_refused():
     refused({**RWX, "overrides": ["recipe.trainer.project_name.x=1"]},
             'overrides: "recipe.trainer.project_name.x=1": "project_name" is not a mapping in the preset')
 
@@ -238,8 +218,7 @@ def test_an_override_through_a_scalar_is_refused_in_helm_and_render_py():
 
 def test_model_is_fetched_once_and_every_ray_pod_runs_offline():
     values = {**RWX, "overrides": ["recipe.model.path=Qwen/Qwen2.5-Math-7B"]}
-    h, p = both(values)
-    assert h == p
+    p = rendered(values)
     job = p[("RayJob", "dapo-train")]
     init = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["initContainers"]
     assert [c["name"] for c in init] == ["data-prepare", "model-fetch"]
@@ -250,7 +229,7 @@ def test_model_is_fetched_once_and_every_ray_pod_runs_offline():
         assert env["HF_HUB_OFFLINE"] == "1", role
     # no download, no offline switch: fetchModel off, or a model built into the preset
     for values in ({**RWX, "dataPrep": {"fetchModel": False}}, {"preset": "tiny"}):
-        _, p = both(values)
+        p = rendered(values)
         job = p[("RayJob", "dapo-train")]
         for role, template in ray_pod_templates(job):
             assert "HF_HUB_OFFLINE" not in {e["name"] for e in template["spec"]["containers"][0]["env"]}, role
@@ -261,13 +240,13 @@ def test_model_is_fetched_once_and_every_ray_pod_runs_offline():
 
 def test_evaluation_pods_hold_no_wandb_key_unless_the_evaluation_logs_to_wandb():
     files, release = set_files("eval")
-    job = by_key(python_objects(files, release=release))[("RayJob", "dapo-aime-eval")]
+    job = by_key(chart_objects(files, release=release))[("RayJob", "dapo-aime-eval")]
     assert user_values([VALUES_DIR / "full.yaml"]).get("secret", {}).get("wandbApiKeyOptional") is not True
     for role, template in ray_pod_templates(job):
         assert not [e for e in template["spec"]["containers"][0]["env"] if e["name"] == "WANDB_API_KEY"], role
     # --wandb-project (dapo.eval.scoring.log_wandb): the driver, on the head, gets it, as required as training's
     extra = {"eval": {"extraArgs": ["--wandb-project=dapo-eval"]}}
-    job = by_key(python_objects(files, release=release, extra=extra))[("RayJob", "dapo-aime-eval")]
+    job = by_key(chart_objects(files, release=release, extra=extra))[("RayJob", "dapo-aime-eval")]
     head, worker = [t["spec"]["containers"][0]["env"] for _, t in ray_pod_templates(job)]
     (key,) = [e for e in head if e["name"] == "WANDB_API_KEY"]
     assert key["valueFrom"]["secretKeyRef"]["optional"] is False and "WANDB_API_KEY" not in {e["name"] for e in worker}
@@ -279,10 +258,9 @@ def test_evaluation_pods_hold_no_wandb_key_unless_the_evaluation_logs_to_wandb()
 ESCAPES = yaml.safe_load((CHART_DIR / "ci" / "escape-hatches-values.yaml").read_text())
 
 
-def test_escape_hatches_reach_head_worker_and_eval_pods_in_helm_and_render_py():
+def test_escape_hatches_reach_head_worker_and_eval_pods():
     values = {**copy.deepcopy(ESCAPES), "eval": {"enabled": True}}
-    h, p = both(values)
-    assert h == p
+    p = rendered(values)
     for kind in ("train", "eval"):
         job = p[("RayJob", f"dapo-{kind}")]
         head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
@@ -308,8 +286,7 @@ def test_escape_hatches_reach_head_worker_and_eval_pods_in_helm_and_render_py():
 
 
 def test_pod_disruption_budget_selects_exactly_the_training_head_and_workers():
-    h, p = both({**RWX, "disruption": {"podDisruptionBudget": True}})
-    assert h == p
+    p = rendered({**RWX, "disruption": {"podDisruptionBudget": True}})
     pdb = p[("PodDisruptionBudget", "dapo-train")]
     kubernetes_validate.validate(pdb, "1.30", strict=True)
     assert pdb["spec"]["maxUnavailable"] == 0
@@ -323,7 +300,7 @@ def test_pod_disruption_budget_selects_exactly_the_training_head_and_workers():
     for role, template in ray_pod_templates(job):
         assert selected(template["metadata"]["labels"]), role
     assert not selected(job["spec"].get("submitterPodTemplate", {}).get("metadata", {}).get("labels", {}))
-    assert ("PodDisruptionBudget", "dapo-train") not in both(RWX)[1]
+    assert ("PodDisruptionBudget", "dapo-train") not in rendered(RWX)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -343,7 +320,7 @@ def _values_on(tmp: Path, **more):
 
 def test_fix_ownership_script_creates_the_directories_owned_by_the_image_user(tmp_path):
     values = _values_on(tmp_path)
-    _, p = both(values)
+    p = rendered(values)
     fix = p[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"][
         "initContainers"][0]
     out = subprocess.run(["/bin/sh", "-c", _script(fix)], capture_output=True, text=True)
@@ -354,11 +331,9 @@ def test_fix_ownership_script_creates_the_directories_owned_by_the_image_user(tm
         assert stat.S_IMODE(st.st_mode) == 0o2775
 
 
-def test_helm_test_pods_match_render_py_and_validate():
+def test_helm_test_pods_validate():
     for values in (RWX, {**copy.deepcopy(ESCAPES)}, {"preset": "tiny"}, {**RWX, "test": {"gpu": False}}):
         helm_pods = helm_objects(copy.deepcopy(values), hooks=True)
-        chart_ = Chart(load_values(CHART_DIR, [], [], on_stand_in(values)), release="dapo", namespace="ml")
-        assert helm_pods == chart_.test_pods()
         for pod in helm_pods:
             kubernetes_validate.validate(pod, "1.30", strict=True)
             assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
@@ -373,8 +348,7 @@ def test_helm_test_pods_match_render_py_and_validate():
 
 def test_shared_volume_test_script_writes_reads_back_and_names_the_fix(tmp_path):
     values = _values_on(tmp_path)
-    chart_ = Chart(load_values(CHART_DIR, [], [], on_stand_in(values)), release="dapo", namespace="ml")
-    (pod,) = [p for p in chart_.test_pods() if p["metadata"]["name"] == "dapo-test-shared"]
+    (pod,) = [p for p in helm_objects(values, hooks=True) if p["metadata"]["name"] == "dapo-test-shared"]
     script = _script(pod["spec"]["containers"][0])
     ok = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True)
     assert ok.returncode == 0 and "write and read back OK" in ok.stdout, ok.stderr
@@ -474,7 +448,7 @@ def test_upgrade_guard_uses_helms_lookup_and_refuses_a_spec_change_of_a_live_ray
     assert msg.startswith("train: the RayJob dapo-train already exists in namespace ml (deployment status Running)")
     # the way out deletes its log follower too (its next run needs a new one)
     assert "kubectl -n ml delete rayjob/dapo-train job/dapo-train-logs" in msg and "new release" in msg
-    new = by_key(python_objects([VALUES_DIR / "full.yaml"], extra={"nodes": 8}))[("RayJob", "dapo-train")]
+    new = by_key(chart_objects([VALUES_DIR / "full.yaml"], extra={"nodes": 8}))[("RayJob", "dapo-train")]
     assert upgrade_refusal("train", new, _live(job), "ml", "dapo-train-logs") == msg
     no_follower = user_values([VALUES_DIR / "full.yaml"], {"nodes": 8, "logs": {"enabled": False}})
     with pytest.raises(helm().HelmRenderError, match="kubectl -n ml delete rayjob dapo-train;"):
@@ -509,20 +483,23 @@ def test_follower_guard_refuses_to_change_a_live_follower_job_or_keep_one_whose_
     changed = user_values([VALUES_DIR / "full.yaml"], {"logs": {"resources": {"limits": {"memory": "256Mi"}}}})
     with pytest.raises(helm().HelmRenderError, match="would change, and a Job's pod template cannot"):
         helm_upgrade_render(changed, live)
-    new = by_key(python_objects([VALUES_DIR / "full.yaml"], extra={"logs": {"resources": {
+    new = by_key(chart_objects([VALUES_DIR / "full.yaml"], extra={"logs": {"resources": {
         "limits": {"memory": "256Mi"}}}}))[("Job", "dapo-train-logs")]
     assert "would change" in follower_refusal(new, follower, "dapo-train", True, "ml")
     assert follower_refusal(follower, follower, "dapo-train", True, "ml") is None
 
 
 def test_spec_hash_follows_the_spec_and_the_preset_files_only():
-    a = by_key(python_objects([VALUES_DIR / "full.yaml"]))[("RayJob", "dapo-train")]
-    b = by_key(python_objects([VALUES_DIR / "full.yaml"], release="dapo", extra={"head": {"labels": {"x": "y"}}}))[
+    a = by_key(chart_objects([VALUES_DIR / "full.yaml"]))[("RayJob", "dapo-train")]
+    b = by_key(chart_objects([VALUES_DIR / "full.yaml"], release="dapo", extra={"head": {"labels": {"x": "y"}}}))[
         ("RayJob", "dapo-train")]
     assert a["metadata"]["annotations"][SPEC_HASH_ANNOTATION] != b["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    # the hash is that of the spec and the preset files the ConfigMap carries
+    preset_files = by_key(chart_objects([VALUES_DIR / "full.yaml"]))[("ConfigMap", "dapo-preset")]["data"]
+    assert a["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == spec_sha256(a["spec"], preset_files)
     files = {"full.yaml": "x"}
     assert spec_sha256(a["spec"], files) != spec_sha256(a["spec"], {"full.yaml": "y"})
-    # Go's encoding/json escapes HTML characters and line separators; our twin does too
+    # Go's encoding/json escapes HTML characters and line separators (go_json computes the hash the chart writes)
     assert go_json({"b": "<a&b>\u2028", "a": [1, 2.5, True, None]}) == \
         '{"a":[1,2.5,true,null],"b":"\\u003ca\\u0026b\\u003e\\u2028"}'
 
@@ -532,7 +509,7 @@ def test_spec_hash_follows_the_spec_and_the_preset_files_only():
 
 
 def test_gpu_workers_check_the_driver_at_start_and_the_head_does_not():
-    _, p = both(RWX)
+    p = rendered(RWX)
     job = p[("RayJob", "dapo-train")]
     worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
     assert worker["lifecycle"]["postStart"]["exec"]["command"] == ["python", "-m", "dapo.cluster.gpu_check",
@@ -542,12 +519,10 @@ def test_gpu_workers_check_the_driver_at_start_and_the_head_does_not():
     assert worker["lifecycle"]["preStop"]["exec"]["command"][:2] == ["/bin/sh", "-c"]
     assert worker["lifecycle"]["preStop"]["exec"]["command"][2].endswith("; ray stop")
     # another image (e.g. the CUDA 12.6 reproduction stack): its own minimum, or no check
-    h, p = both({**RWX, "worker": {"minDriver": 0}})
-    assert h == p
+    p = rendered({**RWX, "worker": {"minDriver": 0}})
     worker = p[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
     assert "postStart" not in worker["containers"][0]["lifecycle"]
-    h, p = both({**RWX, "worker": {"minDriver": 560}})
-    assert h == p
+    p = rendered({**RWX, "worker": {"minDriver": 560}})
     worker = p[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
     assert worker["containers"][0]["lifecycle"]["postStart"]["exec"]["command"][-1] == "560"
 
@@ -588,7 +563,7 @@ def test_render_py_apply_applies_the_upgrade_guard_before_applying_anything(monk
     from kubernetes import config as kconfig
     from kubernetes import dynamic
 
-    job = by_key(python_objects([VALUES_DIR / "full.yaml"], namespace="ml"))[("RayJob", "dapo-train")]
+    job = by_key(chart_objects([VALUES_DIR / "full.yaml"], namespace="ml"))[("RayJob", "dapo-train")]
     fake = _FakeDynamic({"dapo-train": _live(job)})
     monkeypatch.setattr(kconfig, "load_kube_config", lambda *a, **k: None)
     monkeypatch.setattr(dynamic, "DynamicClient", lambda *a, **k: fake)
@@ -621,8 +596,8 @@ def test_render_py_apply_applies_the_upgrade_guard_before_applying_anything(monk
 def test_schema_rejects_bad_new_values_naming_the_key(values, where):
     with pytest.raises(helm().HelmValuesError, match=re.escape(where)):
         chart().render({**RWX, **values}, name="dapo", namespace="ml")
-    with pytest.raises(ValuesError, match=re.escape(where)):
-        render_objects(CHART_DIR, [], extra={**RWX, **values})
+    with pytest.raises(ValuesError, match=re.escape(where)):  # dapo doctor and dapo plan: the same schema
+        load_values(CHART_DIR, [], [], {**RWX, **values})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -631,11 +606,10 @@ def test_schema_rejects_bad_new_values_naming_the_key(values, where):
 CPU_IMAGE = {"image": {"repository": "registry.local/dapo-vllm-cpu", "tag": "dev"}}
 
 
-def test_verl_on_cpu_workers_declare_logical_gpus_and_request_no_device_in_helm_and_render_py():
+def test_verl_on_cpu_workers_declare_logical_gpus_and_request_no_device():
     from dapo.backends.verl.settings import CPU_RAY_CPUS_PER_GPU
 
-    h, p = both({"preset": "verl-tiny", **CPU_IMAGE})
-    assert h == p
+    p = rendered({"preset": "verl-tiny", **CPU_IMAGE})
     spec = p[("RayJob", "dapo-train")]["spec"]
     (group,) = spec["rayClusterSpec"]["workerGroupSpecs"]
     assert group["replicas"] == 2  # the preset's two nodes: two worker pods (two raylets)
@@ -648,14 +622,7 @@ def test_verl_on_cpu_workers_declare_logical_gpus_and_request_no_device_in_helm_
     assert spec["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"  # the driver on the worker
 
 
-def test_verl_on_cpu_refuses_the_cuda_image_and_hand_set_logical_resources_in_helm_and_render_py():
+def test_verl_on_cpu_refuses_the_cuda_image_and_hand_set_logical_resources():
     refused({"preset": "verl-tiny"}, '- image.repository: preset "verl-tiny" runs verl on CPU')
     refused({"preset": "verl-tiny", **CPU_IMAGE, "worker": {"rayStartParams": {"num-gpus": "4"}}},
             'worker.rayStartParams.num-gpus: preset "verl-tiny" runs verl on CPU')
-
-
-def test_the_chart_refuses_the_image_the_python_twin_names():
-    from dapo.k8s import versions
-
-    tpl = (CHART_DIR / "templates" / "_validate.tpl").read_text()
-    assert f'eq $v.image.repository "{versions.IMAGE_REPOSITORY}"' in tpl

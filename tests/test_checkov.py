@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 from collections import defaultdict
 from pathlib import Path
@@ -21,11 +22,21 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from dapo.k8s.security import CHECKOV_REASONS, RAY_POD_SKIPS, ray_pod_skips
 from k8s_support import CHART_DIR, helm_objects, pod_templates, render_script, set_files, user_values
 
 CHECKOV = Path(os.environ.get("DAPO_CHECKOV") or ROOT / ".venv-checkov" / "bin" / "checkov")
 SKIP = "checkov.io/skip"
+
+
+def chart_reasons() -> dict[str, str]:
+    """The chart's reasons (dapo.checkovSkips in _security.tpl): check (or check:variant) -> reason."""
+    text = (CHART_DIR / "templates" / "_security.tpl").read_text()
+    block = text[text.index('{{- define "dapo.checkovSkips" -}}'):]
+    block = block[:block.index("-}}", block.index("$reasons := dict"))]
+    return dict(re.findall(r'^\s*"(CKV_K8S_\d+(?::\w+)?)" "((?:[^"\\]|\\.)*)"\s*$', block, re.M))
+
+
+CHECKOV_REASONS = chart_reasons()
 
 
 def ray_pods(rayjob: dict) -> list[dict]:
@@ -121,15 +132,26 @@ def test_checkov_finds_nothing_unexplained_in_what_the_chart_renders_ray_pods_in
 def test_every_reason_survives_checkovs_annotation_parser():
     """checkov reads `checkov.io/skipN: <check>=<reason>` with one split on "=" (kubernetes_utils.get_skipped_checks):
     a reason holding "=" breaks the whole scan."""
+    assert len(CHECKOV_REASONS) >= 25 and "CKV_K8S_25:ray" in CHECKOV_REASONS
     assert not [k for k, reason in CHECKOV_REASONS.items() if "=" in reason]
 
 
+def _worker_skips(values: dict) -> set[str]:
+    """The checks skipped on the training worker's pod template as the chart renders it for these values."""
+    (job,) = [o for o in helm_objects(values) if o["kind"] == "RayJob"]
+    annotations = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["metadata"]["annotations"]
+    return {v.split("=", 1)[0] for k, v in annotations.items() if k.startswith(SKIP)}
+
+
 def test_a_ray_pod_skips_container_checks_only_for_the_values_sidecars():
-    """The chart's own containers get no skip for what the chart must set itself (here allowPrivilegeEscalation, a
-    CPU request, dropped capabilities): such a finding fails the scan; the same container as a sidecar of the values
-    is skipped with its reason. Capabilities the values add (ipcLock) and wandb's key stay explained on either."""
-    own = {"name": "ray-worker", "image": "r/dapo:1", "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
-           "env": [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "WANDB_API_KEY"}}}]}
-    spec = {"containers": [own]}
-    assert ray_pod_skips(spec, []) == RAY_POD_SKIPS + ("CKV_K8S_25:ray", "CKV_K8S_35", "CKV_K8S_43")
-    assert {"CKV_K8S_10", "CKV_K8S_20", "CKV_K8S_37"} <= set(ray_pod_skips(spec, ["ray-worker"]))
+    """The chart's own containers get no skip for what the chart must set itself (allowPrivilegeEscalation, a CPU
+    request, dropped capabilities): such a finding fails the scan; a sidecar of the values without them is skipped
+    with its reason. Capabilities the values add (ipcLock) and wandb's key (the worker's) stay explained."""
+    rwx = {"storage": {"storageClassName": "rwx-class"}}
+    sidecar_checks = {"CKV_K8S_10", "CKV_K8S_20", "CKV_K8S_37"}
+    own = _worker_skips({**rwx, "ipcLock": True})
+    assert {"CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_15", "CKV_K8S_22", "CKV_K8S_40", "CKV_K8S_25", "CKV_K8S_35",
+            "CKV_K8S_43"} <= own
+    assert not own & sidecar_checks
+    bare = {"name": "fabric-daemon", "image": "registry.example.com/daemon:1"}
+    assert sidecar_checks <= _worker_skips({**rwx, "worker": {"sidecarContainers": [bare]}})

@@ -1,5 +1,5 @@
-"""No stray credentials in a run, on the rendered objects of every preset, values file and ci values file (Helm and
-scripts/render.py alike):
+"""No stray credentials in a run, on the rendered objects of every preset, values file and ci values file, as Helm
+renders them:
 
 - no pod that does not call the Kubernetes API mounts a service-account token: the Ray heads and workers of both
   RayJobs, the K8sJobMode submitter, the preflight and the helm test pods (the log follower, which reads its RayJob's
@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from k8s_support import RWX, both_renderers, helm_objects, pod_templates, python_objects, rendered_pods, value_sets
+from k8s_support import RWX, chart_objects, helm_objects, objects_by_key, pod_templates, rendered_pods, value_sets
 
 SETS = value_sets()
 HF_DIR = "/var/run/secrets/dapo/hf"
@@ -74,15 +74,13 @@ def test_no_pod_but_the_log_follower_mounts_a_service_account_token(case):
 def test_the_submitter_mounts_no_token_and_a_job_that_needs_the_api_can_have_one():
     values = {**RWX, "train": {"submissionMode": "K8sJobMode"}, "eval": {"enabled": True,
                                                                           "submissionMode": "K8sJobMode"}}
-    h, p = both_renderers(values)
-    assert h == p
+    p = objects_by_key(values)
     jobs = [o for o in p.values() if o["kind"] == "RayJob"]
     for job in jobs:
         roles = dict(pod_templates(job))
         assert "submitter" in roles and len(roles) == 3
         assert all(t["spec"]["automountServiceAccountToken"] is False for t in roles.values()), job["metadata"]
-    h, p = both_renderers({**values, "automountServiceAccountToken": True})
-    assert h == p
+    p = objects_by_key({**values, "automountServiceAccountToken": True})
     for job in [o for o in p.values() if o["kind"] == "RayJob"]:
         assert all(t["spec"]["automountServiceAccountToken"] is True for _, t in pod_templates(job))
 
@@ -93,7 +91,7 @@ def _expected(values, release, model_from_hub: bool) -> dict[str, set[str]]:
     num-cpus 0) and verl's workers load the model from the hub unless the model download fetched it (then
     HF_HUB_OFFLINE=1); the driver logs to wandb (dapo.train.metrics, verl's Tracking); the evaluation's driver on its
     head reads only the exported checkpoint and logs to wandb only with --wandb-project."""
-    objects = python_objects([], release=release, extra=values)
+    objects = chart_objects([], release=release, extra=values)
     jobs = {o["metadata"]["name"].rsplit("-", 1)[1]: o for o in objects if o["kind"] == "RayJob"}
     hf, wandb = set(), set()
     for kind, job in jobs.items():
@@ -126,8 +124,7 @@ def _expected(values, release, model_from_hub: bool) -> dict[str, set[str]]:
 ])
 def test_each_secret_reaches_only_the_containers_that_read_it(values, model_from_hub):
     values = {**RWX, **values}
-    h, p = both_renderers(values)
-    assert h == p
+    p = objects_by_key(values)
     objects = list(p.values())
     want = _expected(values, "dapo", model_from_hub)
     assert secret_holders(objects) == want
@@ -158,7 +155,7 @@ def test_huggingface_hub_reads_the_token_from_the_file_the_pods_get(tmp_path):
     """The mounted Secret as the kubelet lays it out (one file named after the item's path), the container's
     environment as rendered (HF_TOKEN_PATH re-rooted under tmp_path, no HF_TOKEN): huggingface_hub finds the token,
     and so do `hf download` and dapo data prepare (both leave the token to huggingface_hub)."""
-    objects = python_objects([], extra={**RWX, "preset": "full"})
+    objects = chart_objects([], extra={**RWX, "preset": "full"})
     job, = [o for o in objects if o["kind"] == "RayJob"]
     init = {c["name"]: c for c in job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["initContainers"]}
     env = {e["name"]: e["value"] for e in init["model-fetch"]["env"] if "value" in e}

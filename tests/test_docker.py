@@ -540,12 +540,10 @@ def test_make_images_builds_and_pushes_the_images_to_the_registry_and_prints_the
                        "logs": {"image": {"repository": sets["logs.image.repository"],
                                           "tag": sets["logs.image.tag"], "digest": sets["logs.image.digest"]}}}
     # those values, as `helm install --set` hands them over: every pod runs the pushed images by digest
-    from k8s_support import RWX, helm_notes, helm_objects, parse_sets
+    from k8s_support import RWX, helm_notes, helm_objects, merge, parse_sets
 
-    from dapo.k8s.values import coalesce
-
-    for values in (coalesce({**RWX, "eval": {"enabled": True}}, parse_sets(sets)),
-                   coalesce({**RWX, "eval": {"enabled": True}}, written)):
+    for values in (merge({**RWX, "eval": {"enabled": True}}, parse_sets(sets)),
+                   merge({**RWX, "eval": {"enabled": True}}, written)):
         images = {c["image"] for o in helm_objects(values) for c in _containers_of(o)}
         assert images == {f"reg.example.com/ml/dapo@{fake_digest(train_tag)}",
                           f"reg.example.com/ml/dapo-eval@{fake_digest(eval_tag)}",

@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from k8s_support import CHART_DIR, VALUES_DIR, chart, python_objects, render_script, set_files, user_values
+from k8s_support import CHART_DIR, VALUES_DIR, chart, chart_objects, render_script, set_files, user_values
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("helm ", "kubectl ", "dapo ", "python -m dapo", "python scripts/render.py", "scripts/render.py ",
@@ -315,7 +315,7 @@ def _known_objects() -> set[tuple[str, str]]:
     known = {("Deployment", "kuberay-operator")}
     for name in render_script().RENDER_SETS:
         files, release = set_files(name)
-        for o in python_objects(files, release=release, namespace="dapo"):
+        for o in chart_objects(files, release=release, namespace="dapo"):
             known.add((o["kind"], o["metadata"]["name"]))
             if o["kind"] == "RayJob":
                 n = o["metadata"]["name"]

@@ -19,7 +19,7 @@ import pytest
 
 from api_standin import StandInApi
 from conftest import ROOT
-from k8s_support import CHART_DIR, VALUES_DIR
+from k8s_support import VALUES_DIR
 
 FIXTURES = ROOT / "tests" / "fixtures"
 VALUES = [VALUES_DIR / "full.yaml", VALUES_DIR / "eks-p5.yaml"]
@@ -128,13 +128,12 @@ def cluster(tmp_path):
 
 def doctor_rows(api: StandInApi, values=VALUES, sets=SETS) -> dict:
     """check -> [(verdict, found, fix)] of dapo doctor's checks on what the stand-in now serves."""
-    from dapo.k8s import load_values, render_objects
     from dapo.k8s.doctor import Cluster, Doctor
     from dapo.k8s.doctor_checks import run
+    from k8s_support import doctor_release
 
     c = Cluster(str(api.config))
-    v = load_values(CHART_DIR, values, sets)
-    objects = render_objects(CHART_DIR, values, sets, release="dapo", namespace="ml")
+    v, objects = doctor_release(values, sets)
     out: dict = {}
     for r in run(Doctor(v, objects, "ml", c)):
         out.setdefault(r.check, []).append((r.verdict, r.found, r.fix))
@@ -322,14 +321,12 @@ def test_an_unreachable_api_server_or_refused_values_exit_2(cluster, tmp_path, c
 def test_gke_multi_networks_the_pods_name_must_exist(tmp_path):
     """values/gke-a3-mega.yaml's workers name eight GKE networks (networking.gke.io/interfaces): each a Network
     object (networking.gke.io/v1) of the cluster, else the pods never start."""
-    from dapo.k8s import load_values, render_objects
     from dapo.k8s.doctor import Cluster, Doctor
     from dapo.k8s.doctor_checks import fabric
-    from k8s_support import STAND_IN
+    from k8s_support import STAND_IN, doctor_release
 
     files = [VALUES_DIR / f for f in ("smoke.yaml", "smoke-2node.yaml", "gke-a3-mega.yaml")]
-    values = load_values(CHART_DIR, files, extra=STAND_IN)
-    objects = render_objects(CHART_DIR, files, extra=STAND_IN, release="dapo-smoke", namespace="ml")
+    values, objects = doctor_release(files, extra=STAND_IN, release="dapo-smoke")
     api = StandInApi([{"apiVersion": "networking.gke.io/v1", "kind": "Network", "metadata": {"name": f"vpc{i}"},
                        "spec": {"type": "Device", "parametersRef": {"group": "networking.gke.io",
                                                                     "kind": "GKENetworkParamSet", "name": f"vpc{i}"}}}
@@ -370,17 +367,16 @@ def test_gpu_nodes_with_a_noexecute_taint_the_workers_do_not_tolerate_are_not_co
 def test_a_baseline_namespace_is_refused_for_ipc_lock_and_admitted_without_it(cluster, capsys):
     """IPC_LOCK (ipcLock, RDMA memory registration) is not among the capabilities Pod Security baseline allows: a
     namespace enforcing baseline refuses the workers, so doctor fails it naming ipcLock and the level to label."""
-    from dapo.k8s import load_values, render_objects
     from dapo.k8s.doctor import Cluster, Doctor
     from dapo.k8s.doctor_checks import pod_security
     from dapo.k8s.doctor_cli import main
+    from k8s_support import doctor_release
 
     cluster.store[("/api/v1", "namespaces", "")]["ml"]["metadata"]["labels"][
         "pod-security.kubernetes.io/enforce"] = "baseline"
     assert doctor_rows(cluster)["pod security"][0][0] == "ok"
     sets = SETS + ["ipcLock=true"]
-    (row,) = pod_security(Doctor(load_values(CHART_DIR, VALUES, sets), render_objects(
-        CHART_DIR, VALUES, sets, release="dapo", namespace="ml"), "ml", Cluster(str(cluster.config))))
+    (row,) = pod_security(Doctor(*doctor_release(VALUES, sets), "ml", Cluster(str(cluster.config))))
     assert (row.verdict, row.found) == ("FAIL", "namespace ml: enforce=baseline")
     assert row.needed == "admits privileged (ipcLock (IPC_LOCK is not among the capabilities baseline allows))"
     assert row.fix == "kubectl label namespace ml pod-security.kubernetes.io/enforce=privileged --overwrite"
@@ -438,11 +434,11 @@ def test_a_pods_init_containers_count_as_the_largest_of_them_not_their_sum(clust
     """The scheduler's request of a pod: the largest init container or the sum of the containers, whichever is more
     (Kubernetes, "Resource sharing within containers"): a pod whose init container asked for nearly all that the
     worker leaves free still leaves the worker its room."""
-    from dapo.k8s import capacity, load_values, render_objects
+    from dapo.k8s import capacity
     from dapo.k8s.doctor import Cluster, Doctor
+    from k8s_support import doctor_release
 
-    d = Doctor(load_values(CHART_DIR, VALUES, SETS), render_objects(CHART_DIR, VALUES, SETS, release="dapo",
-                                                                    namespace="ml"), "ml", Cluster(str(cluster.config)))
+    d = Doctor(*doctor_release(VALUES, SETS), "ml", Cluster(str(cluster.config)))
     worker_cpu = capacity.pod_requests(d.worker()["spec"])["cpu"]
     free = capacity.free_resources(_gpu_node(cluster, 0), d.pods())["cpu"]
     init = free - worker_cpu - 0.5

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from dapo.k8s import render_objects
 from dapo.train import fabric
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
@@ -206,7 +205,7 @@ def test_the_check_runs_as_ray_actors_in_a_placement_group(tmp_path):
     assert fabric.judge(report, "socket", floor_gbps=1e-6) == []
 
 
-# --- the chart: fabric.* reaches the training entrypoint, identically in Helm and render.py ---------------------------
+# --- the chart: fabric.* reaches the training entrypoint --------------------------------------------------------------
 
 def _entrypoint(objects) -> str:
     return next(o for o in objects if o["kind"] == "RayJob")["spec"]["entrypoint"]
@@ -218,12 +217,11 @@ def _entrypoint(objects) -> str:
     ({"expect": "ib", "recheck": "2026-12-02"}, "--fabric-check=ib --fabric-recheck=2026-12-02 placement.nodes="),
     ({"expect": "socket"}, "--fabric-check=socket placement.nodes="),
 ])
-def test_fabric_values_reach_the_training_entrypoint_in_helm_and_render_py(fab, args):
-    from k8s_support import VALUES_DIR, helm_objects, python_objects, user_values
+def test_fabric_values_reach_the_training_entrypoint(fab, args):
+    from k8s_support import VALUES_DIR, helm_objects, user_values
 
     files = [VALUES_DIR / "full.yaml"]
     helm_job = _entrypoint(helm_objects(user_values(files, {"fabric": fab})))
-    assert helm_job == _entrypoint(python_objects(files, extra={"fabric": fab}))
     assert args in helm_job, helm_job
     from dapo.train.cli import build_parser
 
@@ -231,26 +229,21 @@ def test_fabric_values_reach_the_training_entrypoint_in_helm_and_render_py(fab, 
     assert parsed.fabric_check == fab["expect"] and parsed.fabric_recheck == fab.get("recheck")
 
 
-def _refusal(values: dict) -> tuple[str, str]:
-    """(Helm's message, render.py's) for these user values, with no stand-in."""
-    from dapo.k8s.presets import ValuesError
-    from k8s_support import CHART_DIR, chart, helm, render_script
+def _refusal(values: dict) -> str:
+    """The chart's message refusing these user values, with no stand-in (the template position left out)."""
+    from k8s_support import refusal
 
-    values = {"storage": {"storageClassName": "rwx"}, "image": {"published": True}, **values}
-    with pytest.raises(helm().HelmRenderError) as helm_err:
-        chart().render(values, name="dapo", namespace="ml")
-    with pytest.raises(ValuesError) as py_err:
-        render_objects(CHART_DIR, [], extra=values)
-    return str(helm_err.value), str(py_err.value)
+    return refusal([], {"storage": {"storageClassName": "rwx"}, "image": {"published": True}, **values},
+                   stand_in=False)
 
 
 @pytest.mark.parametrize("values", [{"preset": "full"}, {"preset": "early"}, {"preset": "7b"},
                                     {"preset": "smoke", "nodes": 2}])
-def test_a_multi_node_run_without_a_declared_fabric_is_refused_naming_the_fix_in_helm_and_render_py(values):
-    helm_msg, py_msg = _refusal(values)
+def test_a_multi_node_run_without_a_declared_fabric_is_refused_naming_the_fix(values):
+    msg = _refusal(values)
     # the one missing value of these values (the images and the class are given): one line, naming the fix
-    head, line = py_msg.split("\n")
-    assert py_msg in helm_msg and head == "1 value still needed before this installs:"
+    head, line = msg.split("\n")
+    assert head == "1 value still needed before this installs:"
     assert line.startswith("- fabric.expect: ") and "GPUs, no fabric declared (NCCL would silently use TCP)" in line
     for fix in ("-f values/<cloud>.yaml (eks-p5, gke-a3-mega, gke-a3-high, gke-a3-ultra)",
                 "--set fabric.expect=ib|efa|tcpx|tcpxo|gib|socket"):
@@ -258,10 +251,10 @@ def test_a_multi_node_run_without_a_declared_fabric_is_refused_naming_the_fix_in
 
 
 def test_a_multi_node_run_cannot_turn_its_check_off():
-    helm_msg, py_msg = _refusal({"preset": "full", "fabric": {"expect": "efa", "check": False}})
-    assert py_msg in helm_msg and py_msg.startswith('fabric.check: preset "full" runs on 16 nodes x 8 GPUs: every')
+    msg = _refusal({"preset": "full", "fabric": {"expect": "efa", "check": False}})
+    assert msg.startswith('fabric.check: preset "full" runs on 16 nodes x 8 GPUs: every')
     # a contradiction, refused on its own before the values still needed (here the fabric)
-    assert _refusal({"preset": "full", "fabric": {"check": False}})[1].startswith("fabric.check: ")
+    assert _refusal({"preset": "full", "fabric": {"check": False}}).startswith("fabric.check: ")
 
 
 @pytest.mark.parametrize("values, why", [
@@ -272,11 +265,10 @@ def test_a_multi_node_run_cannot_turn_its_check_off():
     ({"preset": "full", "fabric": {"expect": "socket"}}, "TCP, declared"),
 ])
 def test_runs_that_need_no_declared_fabric_render_without_one(values, why):
-    from k8s_support import CHART_DIR, helm_objects, render_script
+    from k8s_support import helm_objects
 
     values = {"storage": {"storageClassName": "rwx"}, "image": {"published": True}, **values}
-    objects = render_objects(CHART_DIR, [], extra=values, release="dapo", namespace="ml")
-    assert objects == helm_objects(values, stand_in=False), why
+    objects = helm_objects(values, stand_in=False)
     train = [o for o in objects if o["kind"] == "RayJob" and o["metadata"]["name"].endswith("-train")]
     if train and values.get("fabric", {}).get("expect") != "socket":
         assert "--fabric-check" not in train[0]["spec"]["entrypoint"], why
@@ -291,7 +283,7 @@ def test_the_readme_install_line_declares_a_fabric_and_full_alone_is_refused():
     install = next(ln for ln in readme.replace("\\\n", " ").splitlines()
                    if "charts/dapo" in ln and "values/full.yaml" in ln and ln.startswith("helm"))
     assert re.search(r'-f "?values/\$CLOUD\.yaml"?', install), install
-    assert _refusal({"preset": "full"})[1].split("\n")[1].startswith("- fabric.expect:")
+    assert _refusal({"preset": "full"}).split("\n")[1].startswith("- fabric.expect:")
 
 
 def test_notes_say_the_check_runs_first_and_where_a_failed_verdict_is():

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from k8s_support import VALUES_DIR, helm_objects, python_objects, ray_pod_templates, user_values
+from k8s_support import VALUES_DIR, chart_objects, helm_objects, ray_pod_templates, user_values
 
 CLOUDS = {"eks-p5": "efa", "gke-a3-high": "tcpx", "gke-a3-mega": "tcpxo", "gke-a3-ultra": "gib"}
 
@@ -23,11 +23,10 @@ def _files(base: list[str], cloud: str):
 
 @pytest.mark.parametrize("base", [["smoke.yaml", "smoke-2node.yaml"], ["full.yaml"]], ids=["smoke-2node", "full"])
 @pytest.mark.parametrize("cloud", sorted(CLOUDS))
-def test_cloud_fabric_values_render_the_same_and_reach_every_ray_pod(cloud, base):
+def test_cloud_fabric_values_reach_every_ray_pod(cloud, base):
     files = _files(base, cloud)
     release = "dapo-smoke" if base[0] == "smoke.yaml" else "dapo"
-    objects = python_objects(files, release=release, namespace="ml")
-    assert helm_objects(user_values(files), release=release, namespace="ml") == objects
+    objects = helm_objects(user_values(files), release=release, namespace="ml")
     cloud_values = yaml.safe_load((VALUES_DIR / f"{cloud}.yaml").read_text())
     rayjob = next(o for o in objects if o["kind"] == "RayJob")
     entry = rayjob["spec"]["entrypoint"]
@@ -61,7 +60,7 @@ def test_the_two_node_file_without_a_cloud_file_names_the_missing_fabric():
 
     with pytest.raises(ValuesError,
                        match=r'^1 value still needed before this installs:\n- fabric\.expect: 2 nodes x 8 GPUs, no fabric'):
-        python_objects([VALUES_DIR / "smoke.yaml", VALUES_DIR / "smoke-2node.yaml"], release="dapo-smoke",
+        chart_objects([VALUES_DIR / "smoke.yaml", VALUES_DIR / "smoke-2node.yaml"], release="dapo-smoke",
                        stand_in=False, extra={"image": {"published": True}, "storage": {"storageClassName": "rwx"}})
 
 
@@ -69,7 +68,7 @@ def test_the_two_node_file_without_a_cloud_file_names_the_missing_fabric():
 
 def _worker_pod(cloud: str, extra: dict | None = None) -> dict:
     files = _files(["smoke.yaml", "smoke-2node.yaml"], cloud)
-    objects = python_objects(files, release="dapo-smoke", namespace="ml", extra=extra)
+    objects = chart_objects(files, release="dapo-smoke", namespace="ml", extra=extra)
     rayjob = next(o for o in objects if o["kind"] == "RayJob")
     return rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
 

@@ -24,7 +24,6 @@ import pytest
 
 from conftest import ROOT
 from k8s_support import JsonHandler
-from dapo.k8s.followers import RESULT_SCRIPT, STATE_DIR
 from dapo.train.runlog import started_at
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -157,11 +156,24 @@ def test_a_write_cut_by_a_kill_is_reported_not_printed_again(tmp_path):
     assert f"stopped while printing bytes 0-{size} of attempt-1.log" in err
 
 
+def chart_result_script() -> tuple[str, str]:
+    """The shell script of the follower Job's main container as the chart renders it, and the state directory it
+    reads (mounted from the follower's)."""
+    from k8s_support import VALUES_DIR, by_key, helm_objects, user_values
+
+    job = by_key(helm_objects(user_values([VALUES_DIR / "full.yaml"])))[("Job", "dapo-train-logs")]
+    (result,) = job["spec"]["template"]["spec"]["containers"]
+    assert result["command"][:2] == ["/bin/sh", "-c"]
+    (state,) = [m["mountPath"] for m in result["volumeMounts"] if m["name"] == "state"]
+    return result["command"][2], state
+
+
 def test_sidecar_mode_hands_the_exit_code_to_the_pods_main_container_and_waits_for_sigterm(tmp_path):
+    script, state_dir = chart_result_script()
     log_dir, state = tmp_path / "logs", tmp_path / "state"
     proc = follower(log_dir, "--state-dir", str(state), "--sidecar", "--backoff-limit", "0")
     write_attempt(log_dir, "only", 5)
-    waiter = subprocess.run(["/bin/sh", "-c", RESULT_SCRIPT.replace(STATE_DIR, str(state))], timeout=30)
+    waiter = subprocess.run(["/bin/sh", "-c", script.replace(state_dir, str(state))], timeout=30)
     assert waiter.returncode == 1  # the chart's main container: exits with the follower's code
     assert proc.poll() is None, "a restartable init container must not exit by itself (it would be restarted)"
     proc.send_signal(signal.SIGTERM)

@@ -172,9 +172,9 @@ def asked(path: str) -> tuple[str, str, str, str]:
 
 
 def assert_the_role_grants_exactly(requests: list[str]) -> None:
-    """Every request the follower made is allowed by the follower's Role (chart and render.py), and the Role allows
+    """Every request the follower made is allowed by the follower's Role as the chart renders it, and the Role allows
     no verb on no resource that the follower did not use: its text says what it reads."""
-    from k8s_support import VALUES_DIR, by_key, helm_objects, python_objects, user_values
+    from k8s_support import VALUES_DIR, by_key, helm_objects, user_values
 
     used = {asked(r) for r in requests}
     files = [VALUES_DIR / "full.yaml"]
@@ -182,15 +182,14 @@ def assert_the_role_grants_exactly(requests: list[str]) -> None:
     # tests/test_keeper.py checks against what that follower sends
     reads = {"train": {"retries": {"leaveOutNodes": {"enabled": False}, "failureBudget": {"enabled": False},
                                    "heartbeatTimeoutSeconds": 0}}}
-    for objects in (helm_objects(user_values(files, reads), namespace="ml"),
-                    python_objects(files, namespace="ml", extra=reads)):
-        rules = by_key(objects)[("Role", "dapo-logs")]["rules"]
-        granted = {(g, res, verb, name) for r in rules for g in r["apiGroups"] for res in r["resources"]
-                   for verb in r["verbs"] for name in r.get("resourceNames") or [""]}
-        assert used <= granted, used - granted
-        # names the Role allows for a run it does not follow here (dapo-eval) aside, all of it was used
-        assert {(g, res, verb) for g, res, verb, _ in granted} == {(g, res, verb) for g, res, verb, _ in used}, \
-            (granted, used)
+    objects = helm_objects(user_values(files, reads), namespace="ml")
+    rules = by_key(objects)[("Role", "dapo-logs")]["rules"]
+    granted = {(g, res, verb, name) for r in rules for g in r["apiGroups"] for res in r["resources"]
+               for verb in r["verbs"] for name in r.get("resourceNames") or [""]}
+    assert used <= granted, used - granted
+    # names the Role allows for a run it does not follow here (dapo-eval) aside, all of it was used
+    assert {(g, res, verb) for g, res, verb, _ in granted} == {(g, res, verb) for g, res, verb, _ in used}, \
+        (granted, used)
 
 
 def test_a_run_that_fails_before_its_driver_started_exits_1_naming_the_cause(tmp_path, api):
@@ -396,32 +395,32 @@ def test_a_bad_first_hour_names_every_cause_in_at_most_15_lines_and_exits_1(tmp_
 
 
 def test_the_chart_gives_the_follower_what_it_needs_to_explain_waits():
-    from k8s_support import VALUES_DIR, by_key, helm_objects, python_objects, user_values
+    from k8s_support import VALUES_DIR, by_key, helm_objects, user_values
 
     files = [VALUES_DIR / "full.yaml"]
     extra = {"storage": {"fixOwnership": {"enabled": True}}}
-    for objects in (helm_objects(user_values(files, extra)), python_objects(files, extra=extra)):
-        objs = by_key(objects)
-        follow = objs[("Job", "dapo-train-logs")]["spec"]["template"]["spec"]["initContainers"][0]
-        args = follow["args"]
-        i = args.index("--release")
-        assert args[i:i + 6] == ["--release", "dapo", "--kind", "train", "--claim", "dapo-shared"]
-        head = objs[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
-        assert [c["name"] for c in head["initContainers"]][:2] == ["fix-ownership", "data-prepare"]
-        assert all(c["terminationMessagePolicy"] == "FallbackToLogsOnError" for c in head["initContainers"])
+    objects = helm_objects(user_values(files, extra))
+    objs = by_key(objects)
+    follow = objs[("Job", "dapo-train-logs")]["spec"]["template"]["spec"]["initContainers"][0]
+    args = follow["args"]
+    i = args.index("--release")
+    assert args[i:i + 6] == ["--release", "dapo", "--kind", "train", "--claim", "dapo-shared"]
+    head = objs[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert [c["name"] for c in head["initContainers"]][:2] == ["fix-ownership", "data-prepare"]
+    assert all(c["terminationMessagePolicy"] == "FallbackToLogsOnError" for c in head["initContainers"])
 
 
 def test_the_eval_follower_explains_the_eval_rayjobs_waits():
     from dapo.cluster.follow import build_parser
     from dapo.cluster.waits import Waits
-    from k8s_support import VALUES_DIR, by_key, helm_objects, python_objects, user_values
+    from k8s_support import VALUES_DIR, by_key, helm_objects, user_values
 
     files = [VALUES_DIR / "full.yaml", VALUES_DIR / "eval.yaml"]
-    for objects in (helm_objects(user_values(files), release="dapo-aime"), python_objects(files, release="dapo-aime")):
-        follow = by_key(objects)[("Job", "dapo-aime-eval-logs")]["spec"]["template"]["spec"]["initContainers"][0]
-        args = build_parser().parse_args(follow["args"])
-        assert (args.rayjob, args.release, args.kind, args.claim) == ("dapo-aime-eval", "dapo-aime", "eval",
-                                                                      "dapo-shared")
+    objects = helm_objects(user_values(files), release="dapo-aime")
+    follow = by_key(objects)[("Job", "dapo-aime-eval-logs")]["spec"]["template"]["spec"]["initContainers"][0]
+    args = build_parser().parse_args(follow["args"])
+    assert (args.rayjob, args.release, args.kind, args.claim) == ("dapo-aime-eval", "dapo-aime", "eval",
+                                                                  "dapo-shared")
     waits = Waits(object(), release="dapo-aime", kind="eval")  # type: ignore[arg-type]
     assert waits.selector == ("app.kubernetes.io/instance=dapo-aime,app.kubernetes.io/component in "
                               "(eval-head,eval-worker,eval-submitter)")

@@ -1,4 +1,4 @@
-"""Images by digest: a digest value pins every pod of the run to `<repository>@sha256:...` (Helm and render.py alike),
+"""Images by digest: a digest value pins every pod of the run to `<repository>@sha256:...`,
 NOTES says when a run is pinned by tag only, checkov's digest finding is skipped only where the image has no digest,
 and the committed examples pull from a registry name that cannot resolve. (`make images` recording the digests it
 pushes and printing their --set: tests/test_docker.py.)"""
@@ -9,8 +9,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from dapo.k8s import ValuesError
-from k8s_support import RWX, both_renderers, helm_notes, helm_objects, pod_templates, python_objects, render_script
+from k8s_support import RWX, objects_by_key, helm_notes, helm_objects, pod_templates, render_script
 
 TRAIN = "sha256:" + "1" * 64
 EVAL = "sha256:" + "2" * 64
@@ -44,8 +43,7 @@ def _pinned_values(**extra):
 
 def test_a_digest_pins_every_pod_of_the_run_to_the_pushed_image():
     values = _pinned_values()
-    h, p = both_renderers(values)
-    assert h == p
+    h = objects_by_key(values)
     found = images(list(h.values()) + helm_objects(values, hooks=True))
     assert found["RayJob dapo-train"] == found["Job dapo-train-logs"] == found["Job dapo-preflight"] == \
         found["Pod dapo-test-gpu"] == found["Pod dapo-test-shared"] == {f"{REGISTRY}/dapo@{TRAIN}"}
@@ -59,8 +57,7 @@ def test_a_digest_pins_every_pod_of_the_run_to_the_pushed_image():
 
 def test_a_run_pinned_by_tag_only_renders_tags_and_notes_says_so():
     values = {**RWX, "image": {"repository": f"{REGISTRY}/dapo"}, "eval": {"enabled": True}}
-    h, p = both_renderers(values)
-    assert h == p
+    h = objects_by_key(values)
     found = images(h.values())
     assert found["RayJob dapo-train"] == {f"{REGISTRY}/dapo:0.1.0-verl0.9.1"}
     notes = " ".join(helm_notes(values).split())
@@ -75,22 +72,20 @@ def test_the_reference_image_the_followers_and_the_evaluation_fall_back_as_their
     values = {**RWX, "train": {"runner": "reference", "reference": {"image": {
         "repository": f"{REGISTRY}/dapo", "digest": REPRO}}}, "rayAuth": {"enabled": False},
         "image": {"repository": f"{REGISTRY}/dapo", "digest": TRAIN}}
-    h, p = both_renderers(values)
-    assert h == p
+    h = objects_by_key(values)
     found = images(h.values())
     assert found["RayJob dapo-train"] == found["Job dapo-train-logs"] == {f"{REGISTRY}/dapo@{REPRO}"}
     # the evaluation on the training image (eval.image all ""): the training image's digest
     same = {**RWX, "image": {"repository": f"{REGISTRY}/dapo", "digest": TRAIN},
             "eval": {"enabled": True, "image": {"repository": "", "tag": "", "digest": ""}}}
-    assert images(both_renderers(same)[0].values())["RayJob dapo-eval"] == {f"{REGISTRY}/dapo@{TRAIN}"}
+    assert images(objects_by_key(same).values())["RayJob dapo-eval"] == {f"{REGISTRY}/dapo@{TRAIN}"}
     # another tag for the evaluation: that tag, not the training image's digest
     other = {**same, "eval": {"enabled": True, "image": {"repository": "", "tag": "other", "digest": ""}}}
-    h, p = both_renderers(other)
-    assert h == p and images(h.values())["RayJob dapo-eval"] == {f"{REGISTRY}/dapo:other"}
+    h = objects_by_key(other)
+    assert images(h.values())["RayJob dapo-eval"] == {f"{REGISTRY}/dapo:other"}
     # a follower image of its own: its own digest, or its tag
     own = {**same, "logs": {"image": {"repository": f"{REGISTRY}/follow", "tag": "1", "digest": ""}}}
-    h, p = both_renderers(own)
-    assert h == p
+    h = objects_by_key(own)
     (follow,) = {c["image"] for c in h[("Job", "dapo-train-logs")]["spec"]["template"]["spec"]["containers"]}
     assert follow == f"{REGISTRY}/follow:1"
 
@@ -102,8 +97,6 @@ def test_a_malformed_digest_is_refused_naming_the_key(digest):
     values = {**RWX, "eval": {"enabled": True, "image": {"digest": digest}}}
     with pytest.raises(HelmValuesError, match="/eval/image/digest"):
         helm_objects(values)
-    with pytest.raises(ValuesError, match="/eval/image/digest"):
-        python_objects([], extra=values)
 
 
 def test_the_committed_examples_pull_from_a_registry_that_cannot_resolve():

@@ -1,5 +1,5 @@
-"""What the user still has to supply, refused at render time by Helm and render.py with the same message, all of it at
-once (the chart's dapo.missingValues, dapo.k8s.values.missing_values): the fabric of a multi-node GPU run, the images
+"""What the user still has to supply, refused at render time by the chart (Helm; scripts/render.py prints Helm's
+message), all of it at once (the chart's dapo.missingValues): the fabric of a multi-node GPU run, the images
 (the chart's unpublished defaults, unless the user says they exist: image.published), a ReadWriteMany class (not the
 values files' placeholder), what an evaluation reads, the queue's name -- one line each, naming the key and its fix."""
 
@@ -13,8 +13,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from dapo.k8s import ValuesError
-from k8s_support import VALUES_DIR, chart, helm, python_objects, render_script, user_values
+from k8s_support import VALUES_DIR, chart, refusal, render_script, user_values
 
 # full.yaml runs on 16 nodes: it declares a fabric (the chart refuses it otherwise, before these rules)
 FAB = {"fabric": {"expect": "ib"}}
@@ -27,20 +26,13 @@ FIXES = {"fabric.expect": FAB, "image.repository": {"image": OWN["image"]},
 MISSION = ("fabric.expect", "image.repository", "storage.storageClassName")
 
 
-def both_refuse(files, extra) -> str:
-    """The message Helm and render.py both give (word for word) for these user values, without the stand-in."""
-    values = user_values(files, extra, stand_in=False)
-    with pytest.raises(helm().HelmRenderError) as from_helm:
-        chart().render(copy.deepcopy(values), name="dapo", namespace="ml")
-    with pytest.raises(ValuesError) as from_python:
-        python_objects(files, extra=copy.deepcopy(extra), stand_in=False)
-    assert str(from_helm.value).split("): ", 1)[-1] == str(from_python.value)
-    return str(from_python.value)
+def refused(files, extra) -> str:
+    """The chart's message refusing these user values (the template position left out), without the stand-in."""
+    return refusal(files, copy.deepcopy(extra), stand_in=False)
 
 
-def both_render(files, extra) -> None:
-    chart().render(user_values(files, extra, stand_in=False), name="dapo", namespace="ml")
-    python_objects(files, extra=copy.deepcopy(extra), stand_in=False)
+def renders(files, extra) -> None:
+    chart().render(user_values(files, copy.deepcopy(extra), stand_in=False), name="dapo", namespace="ml")
 
 
 def missing(msg: str) -> dict[str, str]:
@@ -62,7 +54,7 @@ def merged(*parts: dict) -> dict:
 
 @pytest.mark.parametrize("name", ["early", "full"])
 def test_the_mission_values_as_written_name_fabric_image_and_storage_class_at_once(name):
-    lines = missing(both_refuse([VALUES_DIR / f"{name}.yaml"], {}))
+    lines = missing(refused([VALUES_DIR / f"{name}.yaml"], {}))
     assert tuple(lines) == MISSION
     assert "16 nodes x 8 GPUs, no fabric declared" in lines["fabric.expect"]
     assert "-f values/<cloud>.yaml (eks-p5, gke-a3-mega, gke-a3-high, gke-a3-ultra)" in lines["fabric.expect"]
@@ -80,72 +72,70 @@ def test_the_mission_values_as_written_name_fabric_image_and_storage_class_at_on
 @pytest.mark.parametrize("name", ["early", "full"])
 def test_the_listed_fixes_applied_together_make_it_render(name):
     files = [VALUES_DIR / f"{name}.yaml"]
-    both_render(files, merged(*(FIXES[k] for k in missing(both_refuse(files, {})))))
+    renders(files, merged(*(FIXES[k] for k in missing(refused(files, {})))))
 
 
 @pytest.mark.parametrize("fixed", MISSION)
 def test_fixing_one_value_removes_exactly_its_line(fixed):
     files = [VALUES_DIR / "full.yaml"]
-    before = missing(both_refuse(files, {}))
-    after = missing(both_refuse(files, FIXES[fixed]))
+    before = missing(refused(files, {}))
+    after = missing(refused(files, FIXES[fixed]))
     assert after == {k: ln for k, ln in before.items() if k != fixed}
 
 
 def test_a_cloud_file_declares_the_fabric_and_leaves_the_images_and_the_class():
-    lines = missing(both_refuse([VALUES_DIR / "early.yaml", VALUES_DIR / "eks-p5.yaml"], {}))
+    lines = missing(refused([VALUES_DIR / "early.yaml", VALUES_DIR / "eks-p5.yaml"], {}))
     assert tuple(lines) == ("image.repository", "storage.storageClassName")
     assert "ghcr.io/dapo-k8s/dapo:0.1.0-verl0.9.1-efa was never published" in lines["image.repository"]
     assert "make images REGISTRY=<registry> EFA=1 (docs/images.md)" in lines["image.repository"]  # its EFA variant
-    from dapo.k8s.install_rules import EFA_TAG_SUFFIX
-
-    assert f"EFA_TAG_SUFFIX := {EFA_TAG_SUFFIX}\n" in (ROOT / "Makefile").read_text()
+    assert "EFA_TAG_SUFFIX := -efa\n" in (ROOT / "Makefile").read_text()  # the tag suffix `make images EFA=1` builds
 
 
 def test_the_unpublished_default_image_is_refused_naming_the_build_command_and_the_values():
     full = [VALUES_DIR / "full.yaml"]
-    lines = missing(both_refuse(full, {"storage": {"storageClassName": "efs-sc"}, **FAB}))
+    lines = missing(refused(full, {"storage": {"storageClassName": "efs-sc"}, **FAB}))
     assert list(lines) == ["image.repository"]
     for needle in ("make images REGISTRY=<registry>", "docs/images.md", "--set image.repository=<registry>/dapo",
                    "image.published=true"):
         assert needle in lines["image.repository"]
     # the user's own registry, or the statement that the default images exist
-    both_render(full, OWN)
-    both_render(full, {"storage": {"storageClassName": "efs-sc"}, "image": {"published": True}, **FAB})
+    renders(full, OWN)
+    renders(full, {"storage": {"storageClassName": "efs-sc"}, "image": {"published": True}, **FAB})
 
 
 def test_each_image_the_release_runs_is_checked():
     full, ev, ref = VALUES_DIR / "full.yaml", VALUES_DIR / "eval.yaml", VALUES_DIR / "reference.yaml"
     own_train = {"image": OWN["image"], "storage": OWN["storage"], **FAB}
-    lines = missing(both_refuse([full, ev], own_train))
+    lines = missing(refused([full, ev], own_train))
     assert lines["eval.image.repository"].startswith(
         "- eval.image.repository: ghcr.io/dapo-k8s/dapo-eval:0.1.0-ray2.60.0 was never published")
     assert "--set eval.image.repository=<registry>/dapo-eval (" in lines["eval.image.repository"]
-    both_render([full, ev], OWN)
-    line = missing(both_refuse([full, ref], own_train))["train.reference.image.repository"]
+    renders([full, ev], OWN)
+    line = missing(refused([full, ref], own_train))["train.reference.image.repository"]
     assert "ghcr.io/dapo-k8s/dapo:0.1.0-repro-verl4f80e46 was never published" in line
     assert "make image IMAGE_STACK=repro IMAGE=<registry>/dapo IMAGE_PUSH=1" in line
-    both_render([full, ref], {**OWN, "train": {"reference": {"image": {"repository": "registry.example.com/r"}}}})
+    renders([full, ref], {**OWN, "train": {"reference": {"image": {"repository": "registry.example.com/r"}}}})
     # a follower image of the user's choice at the default name
     logs = {**OWN, "logs": {"image": {"repository": "ghcr.io/dapo-k8s/dapo", "tag": "x"}}}
-    assert list(missing(both_refuse([full], logs))) == ["logs.image.repository"]
+    assert list(missing(refused([full], logs))) == ["logs.image.repository"]
 
 
 def test_verl_on_cpu_names_the_image_once():
     """The CUDA default image on a CPU preset: one line for image.repository (vLLM's CPU build), not two."""
-    lines = missing(both_refuse([], {"preset": "verl-tiny"}))
+    lines = missing(refused([], {"preset": "verl-tiny"}))
     assert list(lines) == ["image.repository"] and "runs verl on CPU" in lines["image.repository"]
 
 
 def test_the_placeholder_storage_class_of_the_values_files_is_refused():
     full = [VALUES_DIR / "full.yaml"]
-    lines = missing(both_refuse(full, {"image": OWN["image"], **FAB}))  # full.yaml carries shared-rwx
+    lines = missing(refused(full, {"image": OWN["image"], **FAB}))  # full.yaml carries shared-rwx
     assert list(lines) == ["storage.storageClassName"]
     # an existing claim does not use the class
-    both_render(full, {"image": OWN["image"], "storage": {"existingClaim": "dapo-shared"}, **FAB})
+    renders(full, {"image": OWN["image"], "storage": {"existingClaim": "dapo-shared"}, **FAB})
 
 
 def test_the_queue_and_the_evaluation_inputs_are_listed_with_the_rest():
-    lines = missing(both_refuse([VALUES_DIR / "full.yaml"], {"queue": {"scheduler": "kai"}}))
+    lines = missing(refused([VALUES_DIR / "full.yaml"], {"queue": {"scheduler": "kai"}}))
     assert tuple(lines) == (*MISSION, "queue.name")
     assert lines["queue.name"] == '- queue.name: required with queue.scheduler "kai": --set queue.name=<queue>'
 
@@ -153,7 +143,7 @@ def test_the_queue_and_the_evaluation_inputs_are_listed_with_the_rest():
 def test_a_contradiction_is_refused_on_its_own_before_the_list():
     for extra, key in (({"fabric": {"check": False}}, 'fabric.check: preset "full" runs on 16 nodes x 8 GPUs'),
                        ({"securityContext": {"runAsUser": 0}}, "securityContext.runAsUser: 0 under")):
-        msg = both_refuse([VALUES_DIR / "full.yaml"], extra)
+        msg = refused([VALUES_DIR / "full.yaml"], extra)
         assert msg.startswith(key) and "\n" not in msg
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from api_standin import StandInApi
-from k8s_support import ROOT, VALUES_DIR, by_key, helm_objects, python_objects, user_values
+from k8s_support import ROOT, VALUES_DIR, by_key, chart_objects, helm_objects, user_values
 from test_follow_waits import asked
 from kuberay_twin import KubeRayTwin, node_matches
 from dapo.cluster.budget import FILE as FAILURES
@@ -45,7 +45,7 @@ NODES = [node("cpu-1"), *(node(f"gpu-{i}", pool="workers") for i in range(1, 6))
 
 
 def tiny_rayjob(backoff_limit: int = 200) -> dict:
-    objects = by_key(python_objects([VALUES_DIR / "tiny.yaml"], namespace=NS, extra={"worker": {"affinity": POOL}}))
+    objects = by_key(chart_objects([VALUES_DIR / "tiny.yaml"], namespace=NS, extra={"worker": {"affinity": POOL}}))
     rayjob = objects[("RayJob", "dapo-train")]
     rayjob["spec"]["backoffLimit"] = backoff_limit  # the failure budget decides, not KubeRay's lifetime count
     return rayjob
@@ -104,7 +104,7 @@ class Run:
         return code, self.out.read_text(), self.err.read_text()
 
     def assert_the_role_allows_what_the_follower_did(self) -> None:
-        """Every request the follower sent is one the chart's Role for this run grants (helm and render.py)."""
+        """Every request the follower sent is one the chart's Role for this run grants."""
         used = {asked(r) for r in self.api.requests}
         used |= {("ray.io", "rayjobs", "patch", path.partition("?")[0].rsplit("/", 1)[-1])
                  for path, _, _ in self.api.patched}
@@ -123,15 +123,11 @@ class Run:
 
 
 @functools.lru_cache(maxsize=1)
-def role_grants() -> tuple[set, set]:
-    """(group, resource, verb, name) the follower's Role grants for this run, as Helm and as render.py render it."""
-    out = []
-    for objects in (helm_objects(user_values([VALUES_DIR / "tiny.yaml"]), namespace=NS),
-                    python_objects([VALUES_DIR / "tiny.yaml"], namespace=NS)):
-        rules = by_key(objects)[("Role", "dapo-logs")]["rules"]
-        out.append({(g, res, verb, name) for r in rules for g in r["apiGroups"] for res in r["resources"]
-                    for verb in r["verbs"] for name in r.get("resourceNames") or [""]})
-    return tuple(out)
+def role_grants() -> tuple[set]:
+    """(group, resource, verb, name) the follower's Role grants for this run, as Helm renders it."""
+    rules = by_key(helm_objects(user_values([VALUES_DIR / "tiny.yaml"]), namespace=NS))[("Role", "dapo-logs")]["rules"]
+    return ({(g, res, verb, name) for r in rules for g in r["apiGroups"] for res in r["resources"]
+             for verb in r["verbs"] for name in r.get("resourceNames") or [""]},)
 
 
 def final_line(out: str) -> str:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from k8s_support import VALUES_DIR, by_key, helm_objects, python_objects, user_values
+from k8s_support import VALUES_DIR, by_key, chart_objects, helm_objects, user_values
 from test_manifests_schema import _strict
 
 KUEUE_VERSION = "0.19.2"
@@ -57,9 +57,8 @@ def test_the_kueue_version_is_pinned_in_one_place_and_named_alike_everywhere():
         assert versions == {KUEUE_VERSION}, (path, versions)
 
 
-@pytest.mark.parametrize("render", ["helm", "python"])
-def test_the_rayjob_carries_the_local_queues_label_and_passes_kueues_rayjob_webhook(render):
-    objs = by_key(helm_objects(user_values(FILES)) if render == "helm" else python_objects(FILES))
+def test_the_rayjob_carries_the_local_queues_label_and_passes_kueues_rayjob_webhook():
+    objs = by_key(helm_objects(user_values(FILES)))
     job = objs[("RayJob", "dapo-train")]
     lq = next(o for o in SAMPLES if o["kind"] == "LocalQueue")
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == lq["metadata"]["name"]
@@ -120,7 +119,7 @@ def test_the_admitted_workers_and_preflight_schedule_on_every_clouds_gpu_nodes(c
     nodeLabels would leave GKE's workers Pending forever."""
     from dapo.k8s.capacity import refusal
 
-    objs = by_key(python_objects([VALUES_DIR / "full.yaml", VALUES_DIR / f"{cloud}.yaml", VALUES_DIR / "kueue.yaml"]))
+    objs = by_key(chart_objects([VALUES_DIR / "full.yaml", VALUES_DIR / f"{cloud}.yaml", VALUES_DIR / "kueue.yaml"]))
     cluster = objs[("RayJob", "dapo-train")]["spec"]["rayClusterSpec"]
     cq = next(o for o in SAMPLES if o["kind"] == "ClusterQueue")
     (rg,) = cq["spec"]["resourceGroups"]
@@ -153,7 +152,7 @@ def test_the_cluster_queue_covers_and_fits_the_run_head_on_cpu_workers_on_gpu(cl
     from dapo.k8s.capacity import quantity
 
     files = [VALUES_DIR / "full.yaml", VALUES_DIR / f"{cloud}.yaml", VALUES_DIR / "kueue.yaml"]
-    job = by_key(python_objects(files))[("RayJob", "dapo-train")]
+    job = by_key(chart_objects(files))[("RayJob", "dapo-train")]
     cluster = job["spec"]["rayClusterSpec"]
     head = cluster["headGroupSpec"]["template"]["spec"]
     group = cluster["workerGroupSpecs"][0]
@@ -190,10 +189,9 @@ def test_wait_for_pods_ready_evicts_a_partial_admission_and_does_not_requeue_it(
 
 def test_dapo_doctor_passes_its_queue_check_on_these_objects(tmp_path):
     from api_standin import StandInApi
-    from dapo.k8s import load_values, render_objects
     from dapo.k8s.doctor import Cluster, Doctor
     from dapo.k8s.doctor_checks import kueue
-    from k8s_support import CHART_DIR, STAND_IN
+    from k8s_support import STAND_IN, doctor_release
     from test_doctor import kueue_crd
 
     api = StandInApi([kueue_crd(p) for p in ("localqueues", "clusterqueues", "workloads")])
@@ -202,8 +200,7 @@ def test_dapo_doctor_passes_its_queue_check_on_these_objects(tmp_path):
             if obj["kind"] != "ResourceFlavor":
                 api.put(json.loads(json.dumps(obj)))
         config = api.kubeconfig(tmp_path, namespace="dapo")
-        values = load_values(CHART_DIR, FILES, extra=STAND_IN)
-        objects = render_objects(CHART_DIR, FILES, extra=STAND_IN, namespace="dapo")
+        values, objects = doctor_release(FILES, extra=STAND_IN, namespace="dapo")
         (row,) = kueue(Doctor(values, objects, "dapo", Cluster(str(config))))
     finally:
         api.close()

@@ -15,7 +15,7 @@ packages below it:
     dapo.plan            steps, time, memory and storage of a run
     dapo.reference       the upstream recipe run through the same chart
     dapo.cluster         the programs of the small pods around a run: log follower, driver check, preflight
-    dapo.k8s             the manifests (the chart's Python twin)
+    dapo.k8s             the chart through Helm's engine, dapo doctor
     dapo.bench           benchmarks
 
 Command-line modules (``dapo.cli``, every ``*.cli``, ``*_cli`` and ``__main__``) sit on top: they may import
@@ -152,9 +152,9 @@ def _package(module: str) -> str:
 
 
 def test_the_import_reader_sees_lazy_and_relative_imports():
-    # the reader itself: dapo.train.cli picks a backend inside a function; the k8s package imports its modules
+    # the reader itself: dapo.train.cli picks a backend inside a function; the k8s package imports its presets
     assert ("dapo.backends.local.run", True) in {(t, lazy) for t, _, lazy in IMPORTS["dapo.train.cli"]}
-    assert "dapo.k8s.manifests" in _graph(lazy=False)["dapo.k8s"]
+    assert "dapo.k8s.presets" in _graph(lazy=False)["dapo.k8s"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _package("dapo.backends.verl.loss") == "dapo.backends.verl" and _package("dapo.sampler") == "core"
     assert _is_cli("dapo.eval.cli") and _is_cli("dapo.eval.serve_cli") and _is_cli("dapo.train.__main__")
@@ -271,7 +271,7 @@ def test_the_pods_around_the_run_need_only_the_standard_library():
     project = {t for m in cluster for t in graph[m] if not t.startswith("dapo.cluster")}
     assert project <= {"dapo.train.runlog", "dapo.train.attempts"}, project
     assert not any(t.startswith("dapo.cluster") for m in MODULES if m.startswith("dapo.k8s") for t in graph[m])
-    assert _third_party_imports("dapo.k8s.values"), "the reader must see a third-party import (yaml, jsonschema)"
+    assert _third_party_imports("dapo.k8s.rules"), "the reader must see a third-party import (yaml)"
 
 
 def _docstring(module: str) -> str:

@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from api_standin import StandInApi, merge_patch
-from k8s_support import VALUES_DIR, by_key, python_objects
+from k8s_support import VALUES_DIR, by_key, chart_objects
 from kuberay_twin import node_matches
 from dapo.cluster import nodes
 from dapo.cluster.budget import RunRecord
@@ -22,7 +22,7 @@ def node(name, **labels):
 
 
 def full_rayjob(extra=None) -> dict:
-    objects = by_key(python_objects([VALUES_DIR / "full.yaml"], extra=extra))
+    objects = by_key(chart_objects([VALUES_DIR / "full.yaml"], extra=extra))
     rayjob = objects[("RayJob", "dapo-train")]
     rayjob["metadata"]["resourceVersion"] = "7"
     return rayjob

@@ -27,7 +27,7 @@ from k8s_support import (
     helm_objects,
     helm_render,
     pod_templates,
-    python_objects,
+    chart_objects,
     ray_pod_templates,
     render_script,
     set_files,
@@ -48,7 +48,7 @@ def rendering(index: int):
     kind, item = CASES[index]
     if kind == "set":
         files, release = set_files(item)
-        return item, python_objects(files, release=release, namespace="ml")
+        return item, chart_objects(files, release=release, namespace="ml")
     return f"ci/{item.stem}", helm_objects(yaml.safe_load(item.read_text()) or {})
 
 
@@ -106,7 +106,7 @@ def test_rayjobs_match_the_kuberay_v1_7_crd_and_controller_rules(index, crd_dir)
 
 def test_strict_crd_schema_catches_a_misspelled_field(crd_dir):
     validator = crd_validator(str(crd_dir / "ray.io_rayjobs.yaml"))
-    job = copy.deepcopy(by_key(python_objects(set_files("full")[0]))[("RayJob", "dapo-train")])
+    job = copy.deepcopy(by_key(chart_objects(set_files("full")[0]))[("RayJob", "dapo-train")])
     job["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParam"] = {"num-gpus": "0"}
     job["spec"]["preRunningDeadlineSecond"] = 3600
     errors = _errors(validator, job)
@@ -133,7 +133,7 @@ def test_strict_crd_schema_catches_a_misspelled_field(crd_dir):
 )
 def test_controller_rules_catch_what_the_crd_schema_accepts(crd_dir, mutate, problem):
     validator = crd_validator(str(crd_dir / "ray.io_rayjobs.yaml"))
-    job = copy.deepcopy(by_key(python_objects(set_files("full")[0]))[("RayJob", "dapo-train")])
+    job = copy.deepcopy(by_key(chart_objects(set_files("full")[0]))[("RayJob", "dapo-train")])
     mutate(job)
     assert _errors(validator, job) == []  # the schema alone lets it through
     assert any(problem in p for p in rules.problems(job)), rules.problems(job)
@@ -143,7 +143,7 @@ def test_controller_rules_catch_what_the_crd_schema_accepts(crd_dir, mutate, pro
 def test_every_ray_pod_has_shm_the_shared_volume_and_secrets_only_by_reference(name):
     files, release = set_files(name)
     values = user_values(files)
-    for job in (o for o in python_objects(files, release=release) if o["kind"] == "RayJob"):
+    for job in (o for o in chart_objects(files, release=release) if o["kind"] == "RayJob"):
         for role, template in ray_pod_templates(job):
             spec = template["spec"]
             (container,) = [c for c in spec["containers"] if c["name"].startswith("ray-")]
@@ -173,7 +173,7 @@ def test_head_holds_no_gpu_and_workers_match_the_preset_placement(name):
     files, release = set_files(name)
     values = user_values(files)
     placement = merged_preset(values.get("preset", "full"))["placement"]
-    for job in (o for o in python_objects(files, release=release) if o["kind"] == "RayJob"):
+    for job in (o for o in chart_objects(files, release=release) if o["kind"] == "RayJob"):
         cluster = job["spec"]["rayClusterSpec"]
         head = cluster["headGroupSpec"]
         assert head["rayStartParams"]["num-gpus"] == "0"
@@ -212,7 +212,7 @@ def test_training_entrypoint_reads_the_recipe_from_the_mounted_configmap(name, t
     """Write the ConfigMap where the kubelet would mount it; the entrypoint then loads exactly the package preset
     plus the placement of the worker group."""
     files, release = set_files(name)
-    objects = by_key(python_objects(files, release=release))
+    objects = by_key(chart_objects(files, release=release))
     cm = objects[("ConfigMap", f"{release}-preset")]
     job = objects[("RayJob", f"{release}-train")]
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
@@ -267,7 +267,7 @@ def test_no_secret_value_reaches_any_output(monkeypatch):
 
 def test_data_preparation_runs_before_the_head_with_the_shared_volume():
     files, release = set_files("full")
-    job = by_key(python_objects(files, release=release))[("RayJob", "dapo-train")]
+    job = by_key(chart_objects(files, release=release))[("RayJob", "dapo-train")]
     init, fetch = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["initContainers"]
     assert init["command"] == ["dapo", "data", "prepare", "--out", "/shared/data"]
     assert {"name": "shared", "mountPath": "/shared"} in init["volumeMounts"]
@@ -279,7 +279,7 @@ def test_data_preparation_runs_before_the_head_with_the_shared_volume():
         assert f.startswith("/shared/data/"), f
     # the eval release reads the training run's checkpoints and the AIME file from the same claim
     files, release = set_files("eval")
-    ev = by_key(python_objects(files, release=release))[("RayJob", "dapo-aime-eval")]["spec"]["entrypoint"].split()
+    ev = by_key(chart_objects(files, release=release))[("RayJob", "dapo-aime-eval")]["spec"]["entrypoint"].split()
     ckpt = ev[ev.index("--checkpoint-dir") + 1]
     assert ckpt == preset.recipe.trainer.default_local_dir.replace(
         "${trainer.project_name}", preset.recipe.trainer.project_name).replace(

@@ -1,4 +1,4 @@
-"""The preflight Job (dapo.k8s.preflight, the chart's preflight.yaml): Helm and render.py emit the same object, first
+"""The preflight Job (the chart's preflight.yaml), as Helm renders it: first
 (a pre-install hook: Helm creates it before the release's objects and goes on only when it succeeded; a pre-upgrade
 hook while the RayJob does not exist), where a GPU worker runs (the workers' GPUs, selectors, tolerations), in the
 run's image, with the storage floor and the parallel writers of `dapo plan` and a volume like the run's claim; each
@@ -10,11 +10,12 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from dapo.cluster.preflight import build_parser
-from k8s_support import CHART_DIR, VALUES_DIR, by_key, helm_objects, python_objects, set_files, user_values
+from k8s_support import CHART_DIR, VALUES_DIR, by_key, helm_objects, chart_objects, set_files, user_values
 
 FULL = [VALUES_DIR / "full.yaml"]
 REQUIREMENTS = yaml.safe_load((CHART_DIR / "files" / "requirements.yaml").read_text())["presets"]
@@ -24,26 +25,25 @@ BRANCHES = [
                                                                 "nodeSelector": {"pool": "h100"}},
      "imagePullSecrets": [{"name": "regcred"}], "podSecurityContext": {"fsGroup": 100}},
     {"storage": {"existingClaim": "team-shared"}, "preflight": {"storage": {"throughput": False}}},
-    {"preflight": {"driver": False, "storage": {"enabled": False}}},
+    {"worker": {"minDriver": 0}, "preflight": {"storage": {"enabled": False}}},
     {"train": {"runner": "reference", "reference": {"image": {"repository": "registry.example.com/ml/dapo"}}},
      "rayAuth": {"enabled": False}},  # Ray 2.43 of the reproduction image has no token auth
 ]
 
 
 def both(extra):
-    h = helm_objects(user_values(FULL, copy.deepcopy(extra)))
-    p = python_objects(FULL, extra=copy.deepcopy(extra))
-    return h, p
+    """(None, Helm's objects) for full.yaml with these values over it."""
+    return None, helm_objects(user_values(FULL, copy.deepcopy(extra)))
 
 
 @pytest.mark.parametrize("extra", BRANCHES, ids=["default", "fix-ownership", "existing-claim", "no-checks",
                                                  "reference"])
-def test_helm_and_render_py_emit_the_same_preflight_job_first(extra):
-    h, p = both(extra)
+def test_the_preflight_job_comes_first(extra):
+    _, p = both(extra)
     first = 3 if (extra or {}).get("storage", {}).get("existingClaim") else 0  # its RBAC hooks come first
-    assert h[:first + 1] == p[:first + 1] and h[first]["metadata"]["name"] == "dapo-preflight", (h[first], p[first])
+    assert p[first]["metadata"]["name"] == "dapo-preflight", p[first]
     assert p[first]["kind"] == "Job" and p[first]["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
-    assert [o["metadata"]["name"] for o in h] == [o["metadata"]["name"] for o in p]
+    kubernetes_validate.validate(p[first], "1.30", strict=True)
 
 
 def containers(job):
@@ -87,7 +87,7 @@ def test_the_default_preflight_runs_where_a_worker_runs_with_the_plans_floor_and
 
 
 def test_with_an_existing_claim_the_storage_check_reads_its_access_modes_with_a_token_of_its_own():
-    h, p = both({"storage": {"existingClaim": "team-shared"}})
+    _, p = both({"storage": {"existingClaim": "team-shared"}})
     sa, role, binding, job = p[:4]
     assert [o["kind"] for o in (sa, role, binding)] == ["ServiceAccount", "Role", "RoleBinding"]
     assert all(o["metadata"]["annotations"]["helm.sh/hook-weight"] == "-1" for o in (sa, role, binding))
@@ -100,20 +100,15 @@ def test_with_an_existing_claim_the_storage_check_reads_its_access_modes_with_a_
     token = [m for c in cs.values() for m in c.get("volumeMounts", []) if m["name"] == "api-token"]
     assert token == [{"name": "api-token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
                       "readOnly": True}]  # the storage check's container only
-    assert [o["metadata"]["name"] for o in h[:4]] == [o["metadata"]["name"] for o in p[:4]]
 
 
 def test_without_gpus_the_preflight_needs_a_selector_of_the_gpu_pool():
     from dapo.k8s import ValuesError
-    from helm_python import HelmRenderError
 
     no_gpus = {"preflight": {"requestGpus": False}}
-    with pytest.raises(ValuesError) as py:
-        python_objects(FULL, extra=no_gpus)
-    with pytest.raises(HelmRenderError) as go:
-        helm_objects(user_values(FULL, no_gpus))
-    assert str(py.value).startswith("preflight.requestGpus: false leaves the preflight pod")
-    assert str(py.value) in str(go.value)
+    with pytest.raises(ValuesError) as refused:
+        chart_objects(FULL, extra=no_gpus)
+    assert str(refused.value).startswith("preflight.requestGpus: false leaves the preflight pod")
     _, p = both({**no_gpus, "worker": {"nodeSelector": {"pool": "h100"}}})
     cs, spec = containers(p[0])
     assert spec["nodeSelector"] == {"pool": "h100"}
@@ -144,12 +139,15 @@ def test_every_key_the_preflights_hints_name_exists_in_the_schema():
     import re
 
     from dapo.cluster import gpu_check, preflight
-    from dapo.k8s import preflight as chart_preflight
 
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
-    text = "\n".join(Path(m.__file__).read_text() for m in (gpu_check, preflight, chart_preflight))
+    text = "\n".join(Path(m.__file__).read_text() for m in (gpu_check, preflight))
+    # the chart's own messages: the quoted text of its fail and printf calls
+    text += "\n".join(q for p in (CHART_DIR / "templates").glob("*") if p.is_file()
+                      for line in p.read_text().splitlines() if "fail" in line or "printf" in line
+                      for q in re.findall(r'"((?:[^"\\]|\\.)*)"', line))
     keys = {k for k in re.findall(r"\b((?:preflight|worker|storage|podSecurityContext)\.[a-zA-Z.]*[a-zA-Z])", text)
-            if not k.endswith((".yaml", ".py"))}
+            if not k.endswith((".yaml", ".py", ".md"))}
     assert "worker.nodeSelector" in keys and "preflight.storage.throughput" in keys
 
     def known(key: str) -> bool:
@@ -170,7 +168,7 @@ def test_each_check_is_switched_off_by_its_value():
     cs, _ = containers(p[0])
     args = build_parser().parse_args(cs["storage"]["command"][3:])
     assert args.write_bytes == 0 and args.min_bytes_per_second == 0  # writability still checked
-    _, p = both({"preflight": {"driver": False, "storage": {"enabled": False}}})
+    _, p = both({"worker": {"minDriver": 0}, "preflight": {"storage": {"enabled": False}}})
     cs, spec = containers(p[0])
     assert list(cs) == ["image"] and "volumes" not in spec  # the image still has to pull onto the GPU pool
     _, p = both({"preflight": {"enabled": False}})
@@ -181,6 +179,5 @@ def test_each_check_is_switched_off_by_its_value():
 
 def test_a_cpu_run_has_no_preflight():
     files, release = set_files("tiny")
-    assert not [o for o in python_objects(files, release=release) if o["metadata"]["name"].endswith("-preflight")]
     assert not [o for o in helm_objects(user_values(files), release=release)
                 if o["metadata"]["name"].endswith("-preflight")]

@@ -1,6 +1,6 @@
 """The reference runner (train.runner: reference): the training RayJob runs the upstream DAPO recipe of verl 4f80e46
 with the reference scripts' arguments -- compared key by key with the values transcribed from those scripts in
-scripts/gen_fidelity.py (the reference data, not our own output) -- through Helm and through scripts/render.py."""
+scripts/gen_fidelity.py (the reference data, not our own output) -- as Helm renders it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from conftest import ROOT
 from dapo.reference import command as reference_command
 from dapo.reference import translate as reference
 from dapo.config import list_presets, load_preset
-from dapo.k8s import ValuesError, versions
+from dapo.k8s import versions
 from k8s_support import (
     CHART_DIR,
     VALUES_DIR,
@@ -28,7 +28,6 @@ from k8s_support import (
     chart,
     helm,
     helm_objects,
-    python_objects,
     render_script,
     user_values,
 )
@@ -50,12 +49,9 @@ REFERENCE_VALUES = [VALUES_DIR / "reference.yaml"]
 EXTRA_ENV = {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1", "PYTHONPATH": "/opt/verl"}
 
 
-def _train_job(renderer: str, preset: str, extra: dict | None = None, release: str = "dapo-ref") -> dict:
+def _train_job(preset: str, extra: dict | None = None, release: str = "dapo-ref") -> dict:
     files = [VALUES_DIR / f"{preset}.yaml"] + REFERENCE_VALUES
-    if renderer == "helm":
-        objects = helm_objects(user_values(files, extra), release=release, namespace="ml")
-    else:
-        objects = python_objects(files, release=release, namespace="ml", extra=extra)
+    objects = helm_objects(user_values(files, extra), release=release, namespace="ml")
     return by_key(objects)[("RayJob", f"{release}-train")]
 
 
@@ -80,10 +76,9 @@ def _norm(v):
     return v
 
 
-@pytest.mark.parametrize("renderer", ["helm", "render.py"])
 @pytest.mark.parametrize("preset", ["full", "early"])
-def test_reference_entrypoint_passes_the_reference_scripts_arguments_key_by_key(preset, renderer):
-    job = _train_job(renderer, preset)
+def test_reference_entrypoint_passes_the_reference_scripts_arguments_key_by_key(preset):
+    job = _train_job(preset)
     command, args = _split(job["spec"]["entrypoint"])
     script, ref = FIDELITY.SCRIPTS[preset]
     ref_args = {k: v for k, v in ref.items() if not k.startswith("runtime_env.")}
@@ -210,12 +205,11 @@ def test_preset_values_off_the_reference_defaults_are_passed_in_4f80e46_names():
     assert not any(t.startswith("algorithm.filter_groups.metric=") for t in texts)  # not read without filtering
 
 
-def test_placement_and_overrides_replace_generated_arguments_in_place_in_helm_and_render_py():
+def test_placement_and_overrides_replace_generated_arguments_in_place():
     extra = {"nodes": 2, "gpusPerNode": 4, "overrides": [
         "trainer.total_training_steps=5", "trainer.default_local_dir=/shared/ckpts/ref-full/", "trainer.save_freq=2",
         "+trainer.log_val_generations=3", "trainer.save_freq=1"]}
-    helm_job, py_job = _train_job("helm", "full", extra), _train_job("render.py", "full", extra)
-    assert helm_job == py_job
+    py_job = _train_job("full", extra)
     argv = py_job["spec"]["entrypoint"].split(" ")
     command, args = _split(py_job["spec"]["entrypoint"])
     assert args["trainer.nnodes"] == 2 and args["trainer.n_gpus_per_node"] == 4 and args["trainer.save_freq"] == 1
@@ -237,18 +231,16 @@ def test_placement_and_overrides_replace_generated_arguments_in_place_in_helm_an
          'overrides: "recipe.trainer.total_training_steps=5" is a preset key'),
     ],
 )
-def test_refusals_are_the_same_in_helm_and_render_py(extra, message):
+def test_refusals_name_the_key(extra, message):
     values = user_values(REFERENCE_VALUES, extra)
     with pytest.raises(helm().HelmRenderError, match=re.escape(message)):
         chart().render(values, name="dapo-ref", namespace="ml")
-    with pytest.raises(ValuesError, match=re.escape(message)):
-        python_objects(REFERENCE_VALUES, release="dapo-ref", namespace="ml", extra=extra)
 
 
 def test_entrypoint_survives_the_submitter_and_job_supervisor_shells(tmp_path):
     """KubeRay's submitter (bash) and Ray's job supervisor (sh) each evaluate the entrypoint; the recipe must see
     exactly the rendered words. A stand-in `python3` records its argv."""
-    job = _train_job("render.py", "full")
+    job = _train_job("full")
     entry = job["spec"]["entrypoint"]
     fake = tmp_path / "bin" / "python3"
     fake.parent.mkdir()

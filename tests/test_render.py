@@ -1,5 +1,6 @@
-"""scripts/render.py (teams without Helm) produces the same objects as the Helm chart, for every preset and for
-non-default values that reach every branch of the templates; the committed k8s/rendered/ files are up to date."""
+"""scripts/render.py (teams without a helm binary: the chart through Helm's engine in-process) on its command line, the
+chart's objects for non-default values that reach every branch of the templates, and the committed k8s/rendered/ files
+up to date. (render.py's value flags against Helm's own: tests/test_helm_inputs.py.)"""
 
 from __future__ import annotations
 
@@ -10,15 +11,7 @@ import yaml
 
 from conftest import ROOT
 from dapo.util.gofmt import go_quote
-from k8s_support import (
-    CHART_DIR,
-    by_key,
-    helm_objects,
-    python_objects,
-    render_script,
-    set_files,
-    user_values,
-)
+from k8s_support import by_key, helm_objects, render_script
 
 # Non-default values reaching every optional branch of the templates (and characters Go and Python quote alike).
 EVERY_BRANCH = {
@@ -61,7 +54,7 @@ EVERY_BRANCH = {
              "submissionMode": "HTTPMode", "extraArgs": ["--n-samples", "32"], "activeDeadlineSeconds": None,
              "runtimeEnv": {"VLLM_LOGGING_LEVEL": "DEBUG"}},
     "logs": {"image": {"repository": "registry.local/dapo-logs", "tag": ""}, "rbac": {"create": False},
-             "serviceAccountName": "log-reader", "ttlSecondsAfterFinished": 86400, "backoffLimit": 0},
+             "serviceAccountName": "log-reader", "ttlSecondsAfterFinished": 86400},
     "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
     "rayAuth": {"secretName": "ray-token"},
     "networkPolicy": {"operator": {"namespace": "ray-system", "podLabels": {"app": "kuberay"}},
@@ -72,27 +65,17 @@ EVERY_BRANCH = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(render_script().RENDER_SETS))
-def test_helm_and_render_py_give_the_same_objects_for_every_preset(name):
-    files, release = set_files(name)
-    helm = helm_objects(user_values(files), release=release, namespace="ml")
-    python = python_objects(files, release=release, namespace="ml")
-    assert [(o["kind"], o["metadata"]["name"]) for o in python] == [(o["kind"], o["metadata"]["name"]) for o in helm]
-    assert python == helm
-
-
-def test_helm_and_render_py_agree_on_every_template_branch():
-    helm = by_key(helm_objects(copy.deepcopy(EVERY_BRANCH), release="r1", namespace="team-a"))
-    python = by_key(python_objects([], release="r1", namespace="team-a", extra=copy.deepcopy(EVERY_BRANCH)))
-    assert sorted(helm) == sorted(python) == [("ConfigMap", "dapo-exp-preset"), ("Job", "dapo-exp-eval-logs"),
+def test_every_template_branch_renders():
+    python = by_key(helm_objects(copy.deepcopy(EVERY_BRANCH), release="r1", namespace="team-a"))
+    assert sorted(python) == [("ConfigMap", "dapo-exp-preset"), ("Job", "dapo-exp-eval-logs"),
                                               ("Job", "dapo-exp-preflight"),
                                               ("Job", "dapo-exp-train-logs"), ("NetworkPolicy", "dapo-exp-ray"),
                                               ("RayJob", "dapo-exp-eval"), ("RayJob", "dapo-exp-train"),
                                               # the preflight reads storage.existingClaim's access modes
                                               ("Role", "dapo-exp-preflight"), ("RoleBinding", "dapo-exp-preflight"),
                                               ("ServiceAccount", "dapo-exp-preflight")]
-    for key in helm:
-        assert python[key] == helm[key], key
+    for obj in python.values():
+        assert obj["metadata"]["namespace"] == "team-a"
     train = python[("RayJob", "dapo-exp-train")]["spec"]
     # the branches were really taken
     assert train["submissionMode"] == "SidecarMode" and "submitterPodTemplate" not in train

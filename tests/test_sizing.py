@@ -14,7 +14,7 @@ from dapo.plan.cli import requirements_text
 from dapo.config import load_preset
 from dapo.k8s import ValuesError
 from dapo.k8s.presets import runnable_presets
-from k8s_support import CHART_DIR, VALUES_DIR, chart, helm, python_objects, render_script, set_files, user_values
+from k8s_support import CHART_DIR, VALUES_DIR, chart, chart_objects, render_script, set_files, user_values
 
 REQUIREMENTS = CHART_DIR / "files" / "requirements.yaml"
 
@@ -39,28 +39,22 @@ def _gib_below_and_at(name: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("name", ["full", "early", "7b", "smoke", "one-gpu", "tiny"])
-def test_helm_and_render_py_refuse_a_volume_one_gib_short_with_the_same_message(name):
+def test_a_volume_one_gib_short_is_refused_naming_the_need(name):
     files, release = set_files(name)
     short, exact = _gib_below_and_at(name)
-    values = user_values(files, {"storage": {"size": short}})
-    with pytest.raises(helm().HelmRenderError) as from_helm:
-        chart().render(values, name=release, namespace="ml")
-    with pytest.raises(ValuesError) as from_python:
-        python_objects(files, release=release, extra={"storage": {"size": short}})
-    message = str(from_python.value)
+    with pytest.raises(ValuesError) as refused:
+        chart_objects(files, release=release, extra={"storage": {"size": short}})
+    message = str(refused.value)
     assert message.startswith(f"storage.size: {short} is smaller than what preset {name} needs: ")
     assert "max_ckpt_to_keep" in message and f"dapo plan --preset {name}" in message
-    assert message in str(from_helm.value)
-    # exactly the requirement is enough for both
+    # exactly the requirement is enough
     chart().render(user_values(files, {"storage": {"size": exact}}), name=release, namespace="ml")
-    python_objects(files, release=release, extra={"storage": {"size": exact}})
 
 
 def test_an_existing_claim_is_not_sized_by_the_chart():
     files, release = set_files("full")
     extra = {"storage": {"size": "1Gi", "existingClaim": "team-volume"}}
     chart().render(user_values(files, extra), name=release, namespace="ml")
-    python_objects(files, release=release, extra=extra)
 
 
 @pytest.mark.parametrize("name", ["full", "early"])

@@ -1,8 +1,7 @@
 """Template length in the chart: no ``define`` of ``charts/dapo/templates`` is over ``MAX_DEFINE_LINES`` lines (a
 screen), as no function of ``dapo/`` is over 80 (tests/test_function_length.py). A long define is split by the parts
 it already names (the RayJob: its submitter, head group, worker group, Ray containers; dapo.validate: its rule
-groups), in files by concern as ``dapo/k8s`` is (``_presets.tpl``, ``_pods.tpl``, ``_rayjob.tpl``, ...); the parity
-tests prove the renders unchanged.
+groups), in files by concern (``_presets.tpl``, ``_pods.tpl``, ``_rayjob.tpl``, ...).
 
 A define's length runs from its ``{{- define`` line to the ``{{- end`` that closes it, counted by the actions that
 open a block (``define``, ``if``, ``range``, ``with``, ``block``) and the ``end`` actions, so an inner ``end`` does not

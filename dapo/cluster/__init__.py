@@ -21,7 +21,7 @@
 Every module here runs in whichever image the pod runs -- the training image, the evaluation image, the
 reproduction image (Python 3.10, our package without extras) -- so they use the standard library only (the GPU
 check imports torch lazily, for ``--torch``). Imports :mod:`dapo.train.runlog` (the attempt logs' format) and
-:mod:`dapo.train.attempts` (the end records, progress and verdict an attempt leaves); the chart's
-twin (:mod:`dapo.k8s`) names these programs in its pods' commands but does not import them. Importing the package
+:mod:`dapo.train.attempts` (the end records, progress and verdict an attempt leaves); the chart
+names these programs in its pods' commands. Importing the package
 imports nothing.
 """

@@ -1,7 +1,7 @@
 """The preset chain, once for every reader: the files a preset ``extends:``, their deep merge, ``key.path=value``
 overrides, and the ``${trainer.<key>}`` references of its paths.
 
-``dapo train`` (through :func:`dapo.config.load_preset`), ``dapo eval``, the verl backend, ``scripts/render.py`` and
+``dapo train`` (through :func:`dapo.config.load_preset`), ``dapo eval``, the verl backend, ``dapo plan`` and
 ``dapo doctor`` (through :mod:`dapo.k8s`) read presets with these functions; the chart does the same in Go templates
 (``charts/dapo/templates/_presets.tpl``: Helm users merge presets there), and tests/test_preset_chain.py renders the
 chart's merge through Helm for every preset and a table of override spellings and compares it with this module.

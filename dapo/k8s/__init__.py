@@ -1,33 +1,25 @@
 """The Helm chart ``charts/dapo`` from Python, and what is checked against the cluster before it is installed.
 
+The chart is the only description of the release's objects: whatever renders them here renders them through Helm's
+own engine (:mod:`dapo.k8s.helm`), so there is no second renderer to keep equal to it.
+
 - :mod:`dapo.k8s.helm`: the chart through Helm's own code in-process (the Helm SDK): ``-f``/``--set``/``--set-string``/
   ``--set-json``/``--set-file`` read as Helm reads them, the objects rendered by Helm's engine. ``scripts/render.py``
-  and ``dapo doctor`` render with it; the modules below that build objects are a Python twin the tests still compare
-  with Helm.
+  and ``dapo doctor`` render with it.
 - :mod:`dapo.k8s.versions`: the pinned image / Ray / KubeRay versions.
-- :mod:`dapo.k8s.presets`: the preset files the chart mounts, and what the chart reads from them.
-- :mod:`dapo.k8s.values`: Helm-style value merging, the values schema, the chart's cross-field rules.
-- :mod:`dapo.k8s.install_rules`: what the cluster must already have: published images, a real StorageClass.
-- :mod:`dapo.k8s.fabric`: which runs must declare their network fabric, and the fabric check their entrypoint starts with.
-- :mod:`dapo.k8s.context`: what every object knows: the checked values, names, labels, metadata.
-- :mod:`dapo.k8s.pods`: the Ray head and worker pod templates (containers, volumes, init containers).
-- :mod:`dapo.k8s.rayjobs`: the training and evaluation RayJobs.
-- :mod:`dapo.k8s.followers`: a log follower Job per RayJob (``kubectl logs -f job/<release>-train-logs``), its RBAC.
-- :mod:`dapo.k8s.upgrade`: the RayJob spec hash and the upgrade guard built on it.
-- :mod:`dapo.k8s.helm_tests`: the `helm test` hook pods.
-- :mod:`dapo.k8s.preflight`: the preflight Job, a pre-install hook that checks image, driver and storage first.
-- :mod:`dapo.k8s.manifests`: every object (ConfigMap, followers, PDB, PVC, the RayJobs): :class:`Chart`, :func:`build`.
-- :mod:`dapo.k8s.rules`: KubeRay controller rules that the CRD schemas do not encode.
-- :mod:`dapo.k8s.security`: Ray token auth (``authOptions``), the NetworkPolicy, the restricted securityContexts,
-  the Pod Security profile the values need.
-- :mod:`dapo.k8s.start_guard`: the start guard Job (post-install hook, no gang scheduler): a run whose pods never
-  started is stopped instead of retried blindly.
+- :mod:`dapo.k8s.presets`: the preset chain with the chart's error type (:class:`ValuesError`), for ``dapo plan`` and
+  :func:`validate_preset`.
+- :mod:`dapo.k8s.rules`: KubeRay controller rules that the CRD schemas do not encode, checked on what
+  ``scripts/render.py`` renders.
+- :mod:`dapo.k8s.upgrade`: the upgrade guards of ``scripts/render.py --apply`` (the chart's ``dapo.upgradeGuard`` and
+  ``dapo.followerGuard``, which need a live cluster).
+- :mod:`dapo.k8s.security`: the Pod Security profile a namespace needs for the values (``dapo doctor``).
 - :mod:`dapo.k8s.capacity`: where a pod of the chart fits on the cluster's nodes (selectors, affinity, taints,
   allocatable minus the requests of running pods) and what an autoscaler says it can add: for ``dapo doctor``.
 - :mod:`dapo.k8s.doctor`, :mod:`dapo.k8s.doctor_checks`, ``dapo.k8s.doctor_cli`` (``dapo doctor``): whether the
   cluster can run the release, read through the ``kubernetes`` client with the user's kubeconfig before anything is
-  installed. They live here, not in :mod:`dapo.cluster`: they need this package's values loading and renderer (the
-  same ``-f`` / ``--set`` as Helm and ``scripts/render.py``) and the client, and ``dapo.cluster`` -- the programs
+  installed. They live here, not in :mod:`dapo.cluster`: they need this package's values loading and Helm rendering
+  (the same ``-f`` / ``--set`` as Helm and ``scripts/render.py``) and the client, and ``dapo.cluster`` -- the programs
   inside the pods, in every image -- is held to the standard library (tests/test_layout.py).
 """
 
@@ -36,10 +28,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
-
-from dapo.k8s.manifests import HELM_ONLY_LABELS, Chart, build
 from dapo.k8s.presets import ValuesError
+from dapo.util.gofmt import q
 
 
 def load_values(chart_dir: Path, value_files: Iterable[Path] = (), sets: Iterable[str] = (),
@@ -55,12 +45,28 @@ def load_values(chart_dir: Path, value_files: Iterable[Path] = (), sets: Iterabl
     return helm.coalesced(chart_dir, user)
 
 
+def placement(values: dict[str, Any], preset: dict[str, Any]) -> dict[str, Any]:
+    """The chart's ``dapo.placement`` (``_presets.tpl``): backend, nodes, gpus (training), evalGpus, cpu (verl on
+    CPU), from the values over the merged preset's ``placement``."""
+    pl = preset.get("placement") or {}
+    for key in ("backend", "nodes", "gpus_per_node"):
+        if key not in pl:
+            raise ValuesError(
+                f"preset: {q(values['preset'])} does not set placement.{key} (the chart reads it from the preset chain)"
+            )
+    nodes = int(values["nodes"]) if values.get("nodes") is not None else int(pl["nodes"])
+    gpus = int(values["gpusPerNode"]) if values.get("gpusPerNode") is not None else int(pl["gpus_per_node"])
+    ev = values["eval"].get("gpusPerNode")
+    # verl's own workers on CPU (placement.accelerator: cpu): the GPUs are logical Ray slots
+    cpu = pl["backend"] != "local" and str(pl.get("accelerator") or "h100") == "cpu"
+    return {"backend": pl["backend"], "nodes": nodes, "gpus": gpus, "evalGpus": int(ev) if ev is not None else gpus,
+            "cpu": cpu}
+
+
 def validate_preset(values: dict[str, Any]) -> None:
-    """Load the preset strictly with the overrides the entrypoint will pass (Helm cannot do this)."""
-    from dapo.config import load_preset
+    """Load the preset strictly with the overrides the entrypoint will pass (Helm cannot do this): ``dapo doctor``."""
+    from dapo.config import load_preset, split_overrides
     from dapo.k8s.presets import merged_preset
-    from dapo.k8s.values import placement
-    from dapo.config import split_overrides
 
     pl = placement(values, merged_preset(values["preset"]))
     ours, _verl = split_overrides(list(values["overrides"]))
@@ -69,17 +75,4 @@ def validate_preset(values: dict[str, Any]) -> None:
     load_preset(values["preset"], ours)
 
 
-def render_objects(chart_dir: Path, value_files: Iterable[Path] = (), sets: Iterable[str] = (), *,
-                   release: str = "dapo", namespace: str | None = None,
-                   extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """What ``helm template <release> charts/dapo -n <namespace> -f ... --set ...`` renders, without Helm.
-    ``namespace=None`` leaves metadata.namespace out (kubectl's current namespace applies)."""
-    meta = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
-    values = load_values(chart_dir, value_files, sets, extra)
-    objects = build(values, release=release, namespace=namespace, chart_name=meta["name"],
-                    app_version=str(meta["appVersion"]))
-    validate_preset(values)
-    return objects
-
-
-__all__ = ["HELM_ONLY_LABELS", "Chart", "ValuesError", "build", "load_values", "render_objects", "validate_preset"]
+__all__ = ["ValuesError", "load_values", "placement", "validate_preset"]

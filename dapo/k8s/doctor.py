@@ -1,7 +1,7 @@
 """``dapo doctor``: whether the cluster can run the release, checked from the user's machine before anything is
 installed -- so that no GPU waits for an operator, a class, a Secret or nodes that are not there. It reads the
-values exactly as ``helm upgrade --install`` and ``scripts/render.py`` do (:func:`dapo.k8s.load_values`, the same
-``-f`` / ``--set``), renders the release's objects (:func:`dapo.k8s.render_objects`), and compares what they ask
+values exactly as ``helm upgrade --install`` and ``scripts/render.py`` do (the same ``-f`` / ``--set``), renders
+the release's objects with Helm's engine (:func:`dapo.k8s.helm.render`), and compares what they ask
 for with what the API server says, through the ``kubernetes`` client and the user's kubeconfig (read-only ``GET``\\ s):
 
 - ``kuberay``: the KubeRay operator's Deployment (``app.kubernetes.io/name=kuberay-operator``, ready, its version)

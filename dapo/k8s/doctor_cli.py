@@ -16,7 +16,7 @@ import argparse
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "dapo"
 
@@ -37,11 +37,22 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def read_release(chart: Path, user: dict[str, Any], *, release: str, namespace: str
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(``.Values``, the objects ``helm upgrade --install`` would create but the ``helm test`` pods) of these user
+    values, by Helm's own code; the preset loaded strictly. Raises ValuesError / ConfigError for values refused."""
+    from dapo.k8s import helm, validate_preset
+
+    values = helm.coalesced(chart, user)
+    objects = [m.obj for m in helm.render(chart, user, release=release, namespace=namespace) if "test" not in m.hooks]
+    validate_preset(values)
+    return values, objects
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     from dapo.config import ConfigError
-    from dapo.k8s import ValuesError, validate_preset
-    from dapo.k8s import helm
+    from dapo.k8s import ValuesError, helm
     from dapo.k8s.doctor import CannotRead, Cluster, Doctor, exit_code, table
     from dapo.k8s.doctor_checks import run
 
@@ -53,11 +64,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     namespace = args.namespace or cluster.namespace
     try:
-        user = helm.user_values(helm.options_from(args))
-        values = helm.coalesced(args.chart, user)
-        objects = [m.obj for m in helm.render(args.chart, user, release=args.release, namespace=namespace)
-                   if "test" not in m.hooks]
-        validate_preset(values)
+        values, objects = read_release(args.chart, helm.user_values(helm.options_from(args)), release=args.release,
+                                       namespace=namespace)
     except (ValuesError, ConfigError) as exc:
         print(f"dapo doctor: {exc}", file=sys.stderr)
         return 2

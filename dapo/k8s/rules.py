@@ -2,9 +2,9 @@
 
 The CRD OpenAPI schemas check types and enums; the operator's validation (ray-operator
 ``controllers/ray/utils/validation.go``) and the CRDs' CEL rules reject more, but only once the object reaches the
-cluster -- often after GPUs are booked. :func:`problems` checks a rendered object for those rules offline;
-:func:`check_deletion_rules` checks the chart's ``deletionRules`` values with the chart's messages
-(:mod:`dapo.k8s.values`).
+cluster -- often after GPUs are booked. :func:`problems` checks a rendered object for those rules offline:
+``scripts/render.py`` runs it on every object it renders (the chart's ``_validate.tpl`` refuses the values that would
+break them, with messages that name the values' keys).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 
 import yaml
 
-from dapo.k8s.presets import ValuesError
 from dapo.k8s.versions import MAX_RAYCLUSTER_NAME, MAX_RAYJOB_NAME, MAX_RAYSERVICE_NAME
 
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -159,34 +158,3 @@ def _group_resources(where: str, group: dict[str, Any]) -> list[str]:
         if not isinstance(value, str):
             out.append(f"{where}.rayStartParams.{key}: values must be strings")
     return out
-
-
-def check_deletion_rules(kind: str, rules: list[dict[str, Any]]) -> None:
-    """The deletionRules rules of :func:`problems` on the chart's values (``train`` / ``eval``), as the chart says
-    them (charts/dapo/templates/_validate.tpl): :class:`ValuesError` naming ``<kind>.deletionRules[i]``."""
-    seen: dict[str, int] = {}
-    conds: list[str] = []
-    for i, rule in enumerate(rules):
-        c = rule.get("condition") or {}
-        if ("jobStatus" in c) == ("jobDeploymentStatus" in c):
-            raise ValuesError(
-                f"{kind}.deletionRules[{i}].condition: set exactly one of jobStatus and jobDeploymentStatus"
-            )
-        cond = f"JobStatus {c['jobStatus']}" if "jobStatus" in c else f"JobDeploymentStatus {c['jobDeploymentStatus']}"
-        key = f"{cond}/{rule['policy']}"
-        if key in seen:
-            raise ValuesError(f"{kind}.deletionRules[{i}]: duplicate rule for policy {rule['policy']} and {cond}")
-        seen[key] = int(c.get("ttlSeconds") or 0)
-        conds.append(cond)
-    for i, rule in enumerate(rules):
-        policy = rule["policy"]
-        if policy not in DELETION_ORDER:
-            continue
-        ttl = int(rule["condition"].get("ttlSeconds") or 0)
-        for earlier in DELETION_ORDER[: DELETION_ORDER.index(policy)]:
-            k = f"{conds[i]}/{earlier}"
-            if k in seen and ttl < seen[k]:
-                raise ValuesError(
-                    f"{kind}.deletionRules[{i}]: for {conds[i]} the {policy} TTL ({ttl}) must be >= the {earlier} "
-                    f"TTL ({seen[k]})"
-                )

@@ -4,34 +4,16 @@ the preset files the training job reads); replacing a live RayJob by one with an
 follower Jobs carry the hash of their own spec (a Job's pod template cannot change): an upgrade is refused while one
 exists and would change, or while the RayJob it follows is gone (``dapo.followerGuard``).
 
-Pure functions of plain data: their callers read the cluster.
+The chart's guards read the live objects with Helm's ``lookup`` during ``helm upgrade --install``;
+``scripts/render.py`` renders without a cluster, where ``lookup`` finds nothing, so ``--apply`` reads them with the
+``kubernetes`` client and refuses with these functions, word for word the chart's messages (tests/test_chart_ops.py). Pure functions of plain data: their callers read the cluster.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 SPEC_HASH_ANNOTATION = "dapo-k8s.github.io/spec-sha256"
-
-
-def go_json(data: Any) -> str:
-    """Go's encoding/json (Helm's ``toJson``): keys sorted, no spaces, <, >, &, U+2028, U+2029 escaped."""
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
-                    ("\u2029", "\\u2029")):
-        text = text.replace(ch, esc)
-    return text
-
-
-def spec_sha256(spec: dict[str, Any], preset_files_: dict[str, str] | None = None) -> str:
-    """The RayJob's ``dapo-k8s.github.io/spec-sha256``: SHA-256 of the JSON of its spec (and of the preset files the
-    training job reads), computed as the chart's ``dapo.rayJobWithHash`` does."""
-    content: dict[str, Any] = {"spec": spec}
-    if preset_files_ is not None:
-        content["presetFiles"] = preset_files_
-    return hashlib.sha256(go_json(content).encode()).hexdigest()
 
 
 def delete_command(namespace: str, rayjob: str, follower: str | None) -> str:
@@ -81,5 +63,4 @@ def follower_refusal(new: dict[str, Any], live: dict[str, Any] | None, rayjob: s
     )
 
 
-__all__ = ["SPEC_HASH_ANNOTATION", "delete_command", "follower_refusal", "go_json", "spec_sha256",
-           "upgrade_refusal"]
+__all__ = ["SPEC_HASH_ANNOTATION", "delete_command", "follower_refusal", "upgrade_refusal"]

@@ -30,9 +30,3 @@ KUBERAY_VERSION = "1.7.0"
 MAX_RAYJOB_NAME = 47
 MAX_RAYSERVICE_NAME = 47
 MAX_RAYCLUSTER_NAME = 53
-
-
-def image_ref(img: dict) -> str:
-    """``<repository>@<digest>`` when an image ({repository, tag, digest}) is pinned by digest, else
-    ``<repository>:<tag>`` (the chart's ``dapo.imageRef``)."""
-    return f"{img['repository']}@{img['digest']}" if img.get("digest") else f"{img['repository']}:{img['tag']}"

@@ -2,7 +2,7 @@
 names (checked, then replacing generated arguments in place), the RayJob entrypoint that runs the recipe under
 :mod:`dapo.reference.attempt_log`, and ``python -m dapo.reference`` (:func:`main`) printing the command of a preset.
 
-:mod:`dapo.k8s.rayjobs` and the chart's ``_reference.tpl`` build the same command.
+The chart's ``_reference.tpl`` builds the same command (tests/test_reference.py holds them equal).
 """
 
 from __future__ import annotations

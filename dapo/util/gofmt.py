@@ -1,5 +1,5 @@
-"""Values printed the way Go (and so Helm's templates) print them, so the chart and its Python twins
-(:mod:`dapo.k8s`, :mod:`dapo.reference`) say the same thing byte for byte: ``strconv.Quote``, ``printf "%q"``, and
+"""Values printed the way Go (and so Helm's templates) print them, so Python messages and commands
+that the chart also writes (:mod:`dapo.k8s`, :mod:`dapo.reference`, :mod:`dapo.config`) say the same thing byte for byte: ``strconv.Quote``, ``printf "%q"``, and
 the template function ``toString``.
 """
 

@@ -1,5 +1,5 @@
 {{/*
-The `helm test` pods' shared parts (templates/tests/). dapo/k8s/helm_tests.py is the twin.
+The `helm test` pods' shared parts (templates/tests/).
 */}}
 
 {{/*
@@ -22,7 +22,7 @@ securityContext:
 {{- end -}}
 
 {{/*
-The shell script of the shared-volume test pod (dapo.k8s.helm_tests, shared_test_script, is the same text).
+The shell script of the shared-volume test pod.
 */}}
 {{- define "dapo.sharedTestScript" -}}
 {{- $mount := trimSuffix "/" .Values.storage.mountPath -}}

@@ -59,7 +59,7 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 
 {{/*
 An image reference: <repository>@<digest> when pinned by digest, else <repository>:<tag>.
-Usage: include "dapo.imageRef" (dict "repository" $r "tag" $t "digest" $d). dapo.k8s.versions.image_ref is the twin.
+Usage: include "dapo.imageRef" (dict "repository" $r "tag" $t "digest" $d).
 */}}
 {{- define "dapo.imageRef" -}}
 {{- if .digest -}}{{ printf "%s@%s" .repository .digest }}{{- else -}}{{ printf "%s:%s" .repository .tag }}{{- end -}}
@@ -68,7 +68,7 @@ Usage: include "dapo.imageRef" (dict "repository" $r "tag" $t "digest" $d). dapo
 {{/*
 The training RayJob's image (image.*, or train.reference.image.* with the reference runner) and the evaluation's
 (eval.image.*, each "" falling back to image.*; the digest only when repository and tag are "" too), as JSON
-{repository, tag, digest}. dapo.k8s.context.ChartContext.train_image / eval_image are the twins.
+{repository, tag, digest}.
 */}}
 {{- define "dapo.trainImage" -}}
 {{- $img := .Values.image -}}

@@ -19,7 +19,7 @@ the overrides, or, with train.runner reference, the --log-dir of the reference e
 
 {{/*
 "true" when the training RayJob's follower acts between attempts (train.retries: nodes left out, the failure
-budget, the heartbeat backstop; dapo.cluster.keeper). dapo.k8s.followers.LogFollowers.follower_acts is the twin.
+budget, the heartbeat backstop; dapo.cluster.keeper).
 */}}
 {{- define "dapo.followerActs" -}}
 {{- $r := .Values.train.retries -}}
@@ -116,7 +116,9 @@ metadata:
   labels:
     {{- include "dapo.labels" (dict "root" $root "component" (printf "%s-logs" .kind)) | nindent 4 }}
 spec:
-  backoffLimit: {{ $lg.backoffLimit | int }}
+  {{- /* failures of the follower pod before the Job gives up (a restart in place, evictions and the run's own failure
+  do not count: podFailurePolicy) */}}
+  backoffLimit: 3
   {{- if not (kindIs "invalid" $lg.ttlSecondsAfterFinished) }}
   ttlSecondsAfterFinished: {{ $lg.ttlSecondsAfterFinished | int }}
   {{- end }}

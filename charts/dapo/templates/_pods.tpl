@@ -1,10 +1,10 @@
 {{/*
 The pod parts of the Ray pods: which secret goes where, the containers' environment, the head group and the
-worker group with their containers, init containers, sidecars and volumes. dapo/k8s/pods.py is the twin.
+worker group with their containers, init containers, sidecars and volumes.
 */}}
 
 {{/*
-Where each secret goes (dapo.k8s.pods.PodTemplates: hub_reads, eval_logs_wandb, wandb_key, hf_token_here).
+Where each secret goes.
 dapo.hubReads: "true" when the training run downloads its model from the hub itself (a hub model the data
 preparation does not fetch): its driver and verl's workers, on the training workers, then need the HF token.
 */}}
@@ -41,7 +41,7 @@ Usage: include "dapo.wandbKey" (dict "root" $ "head" true "kind" "train")
 
 {{/*
 The Hugging Face token as a file (huggingface_hub reads HF_TOKEN_PATH), never an environment variable: the volume
-of the Secret's hfTokenKey. dapo.k8s.pods.HF_TOKEN_DIR is the same path.
+of the Secret's hfTokenKey.
 */}}
 {{- define "dapo.hfTokenVolume" -}}
 - name: hf-token
@@ -163,7 +163,7 @@ Usage: include "dapo.podAnnotations" (dict "root" $ "own" $v.head.annotations "s
 
 {{/*
 The preStop command of a Ray container: the training RayJob's pods first copy their Ray logs to the run's volume
-(train.evidence, dapo.cluster.evidence), then `ray stop`. dapo.k8s.rayjobs.RayJobs.pre_stop_command is the twin.
+(train.evidence, dapo.cluster.evidence), then `ray stop`.
 Usage: include "dapo.preStopCommand" (dict "root" $ "kind" "train"|"eval")
 */}}
 {{- define "dapo.preStopCommand" -}}
@@ -217,7 +217,7 @@ capabilities:
 {{/*
 A group's sidecarContainers split into Kubernetes native sidecars (restartPolicy: Always: init containers that keep
 running, started -- startupProbe passed -- before the main containers) and ordinary ones (more containers).
-JSON {"native": [...], "plain": [...]}. dapo.k8s.pods.split_sidecars is the twin.
+JSON {"native": [...], "plain": [...]}.
 */}}
 {{- define "dapo.splitSidecars" -}}
 {{- $native := list -}}
@@ -236,7 +236,6 @@ JSON {"native": [...], "plain": [...]}. dapo.k8s.pods.split_sidecars is the twin
 fabric.ncclEnvProfile: the shell text a Ray worker container runs before KubeRay's `ulimit ...; ray start ...` (KubeRay
 v1.7 BuildPod: "<container args> && <generated command>"), so that every Ray process of the pod inherits the
 variables of the NCCL plugin installer's profile; a missing profile ends the container. Empty without a profile.
-dapo.k8s.pods.env_profile_command is the twin.
 */}}
 {{- define "dapo.envProfileCommand" -}}
 {{- with .Values.fabric.ncclEnvProfile -}}

@@ -1,6 +1,5 @@
 {{/*
 The RayJobs: the object around the pod parts (_pods.tpl), its K8sJobMode submitter, and its spec hash.
-dapo/k8s/rayjobs.py is the twin.
 */}}
 
 {{/*

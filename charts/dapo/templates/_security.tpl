@@ -1,7 +1,7 @@
 {{/*
 What keeps a run to itself: the rules that refuse security settings that cannot work, and the Pod Security Standard
-level a namespace needs for the values. dapo/k8s/security.py (check_security, pod_security_profile) is the twin;
-the NetworkPolicy is networkpolicy.yaml, authOptions and the securityContexts are in _rayjob.tpl and _pods.tpl.
+level a namespace needs for the values (dapo doctor computes the level with dapo/k8s/security.py, held equal to
+dapo.podSecurityProfile by tests/test_security.py); the NetworkPolicy is networkpolicy.yaml, authOptions and the securityContexts are in _rayjob.tpl and _pods.tpl.
 */}}
 {{- define "dapo.validateSecurity" -}}
 {{- $v := .Values -}}
@@ -33,7 +33,7 @@ the NetworkPolicy is networkpolicy.yaml, authOptions and the securityContexts ar
 
 {{/*
 Token auth off leaves the NetworkPolicy as the Ray head's only fence: refused without it (networkPolicy off, or
-hostNetwork, where no NetworkPolicy applies). dapo.k8s.security.check_open_ray is the twin.
+hostNetwork, where no NetworkPolicy applies).
 */}}
 {{- define "dapo.checkOpenRay" -}}
 {{- $v := .Values -}}
@@ -119,10 +119,9 @@ The Pod Security Standard level the namespace needs for these values, and why (J
 {{/*
 checkov (make test) findings on the chart's own Jobs and Pods that stay, each with its reason, as the annotations
 checkov reads (`checkov.io/skipN: <check>=<reason>`). Usage: include "dapo.checkovSkips" (list "CKV_K8S_15" ...).
-dapo.k8s.security.CHECKOV_REASONS is the same text.
 */}}
 {{/*
-["CKV_K8S_43"] (JSON) for an image pinned by tag only, [] for one pinned by digest (dapo.k8s.security.tag_only).
+["CKV_K8S_43"] (JSON) for an image pinned by tag only, [] for one pinned by digest.
 Usage: include "dapo.tagOnly" (dict "digest" $d ...)
 */}}
 {{- define "dapo.tagOnly" -}}
@@ -177,7 +176,7 @@ Usage: include "dapo.submitterSkips" $image
 What checkov finds in a Ray pod template (exported as a Pod) that stays (JSON list): KubeRay's probes, the pull policy,
 Ray's writable file system, uid 1000; hostNetwork; each container check, as checkov 3.3 evaluates it, that one of the
 values' sidecars fails, and of the chart's own containers only the capabilities the values add and wandb's key as a
-variable; the image by tag. dapo.k8s.security.ray_pod_skips is the twin.
+variable; the image by tag.
 Usage: include "dapo.rayPodSkips" (dict "spec" $spec "sidecars" $group.sidecarContainers)
 */}}
 {{- define "dapo.rayPodSkips" -}}

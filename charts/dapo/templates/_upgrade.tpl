@@ -1,6 +1,6 @@
 {{/*
-The upgrade guard of the RayJobs (the log followers' is dapo.followerGuard, _logs.tpl). dapo/k8s/upgrade.py is
-the twin.
+The upgrade guard of the RayJobs (the log followers' is dapo.followerGuard, _logs.tpl). dapo/k8s/upgrade.py says
+the same for `scripts/render.py --apply`, which renders without a cluster.
 */}}
 
 {{/*

@@ -1,7 +1,7 @@
 {{/*
 Cross-field rules that values.schema.json cannot express. Every message starts with the offending key, but the last:
-the values the install still needs, all in one message (dapo.validateMissing).
-dapo/k8s/values.py applies the same rules for scripts/render.py (tests check both raise on the same input).
+the values the install still needs, all in one message (dapo.validateMissing). scripts/render.py and `dapo doctor`
+render through Helm's engine, so they refuse with these same messages.
 Usage: at the top of every template: {{- include "dapo.validate" . -}}
 */}}
 {{- define "dapo.validate" -}}
@@ -59,7 +59,7 @@ Part of dapo.validate: the placement: from the preset unless values override it.
 {{- fail (printf "gpusPerNode: must be >= 1 for the verl backend, got %d (values gpusPerNode or the preset's placement.gpus_per_node)" (int $pl.gpus)) -}}
 {{- end -}}
 {{- if $pl.cpu -}}
-{{- /* verl on CPU: logical GPUs declared by the chart; an image with vLLM's CPU build (dapo.k8s.values.check_verl_on_cpu) */ -}}
+{{- /* verl on CPU: logical GPUs declared by the chart; an image with vLLM's CPU build */ -}}
 {{- range $key := list "num-gpus" "num-cpus" -}}
 {{- if hasKey ($v.worker.rayStartParams | default dict) $key -}}
 {{- fail (printf "worker.rayStartParams.%s: preset %q runs verl on CPU; the chart declares the worker's logical GPUs (gpusPerNode) and CPUs (8 per GPU) itself" $key $v.preset) -}}
@@ -280,14 +280,14 @@ Part of dapo.validate: the evaluation's GPUs and the fabric check of a GPU run.
 {{- if and $v.eval.enabled (lt (int $pl.evalGpus) 1) -}}
 {{- fail (printf "eval.gpusPerNode: the evaluation serves the model on GPUs; must be >= 1, got %d" (int $pl.evalGpus)) -}}
 {{- end -}}
-{{- /* A multi-node GPU run of our trainer checks its fabric (dapo.k8s.fabric.check_fabric) */ -}}
+{{- /* A multi-node GPU run of our trainer checks its fabric */ -}}
 {{- if and (include "dapo.multiNodeGpu" .) (not $v.fabric.check) -}}
 {{- fail (printf "fabric.check: preset %q runs on %d nodes x %d GPUs: every multi-node run checks its fabric first (about a minute, against days of training); set fabric.check: true (fabric.expect=socket trains over TCP, reported by the check)" $v.preset (int $pl.nodes) (int $pl.gpus)) -}}
 {{- end -}}
 {{- end -}}
 
 {{/*
-"true" for a run of our trainer on more than one GPU node: it declares its fabric and checks it (dapo.k8s.fabric).
+"true" for a run of our trainer on more than one GPU node: it declares its fabric and checks it.
 */}}
 {{- define "dapo.multiNodeGpu" -}}
 {{- $v := .Values -}}
@@ -297,7 +297,7 @@ Part of dapo.validate: the evaluation's GPUs and the fabric check of a GPU run.
 
 {{/*
 Part of dapo.validate, after every contradiction: the values the install still needs, all in one refusal, one line
-each (the key, what is missing, the fix), from dapo.missingValues. dapo/k8s/values.py missing_values: the same.
+each (the key, what is missing, the fix), from dapo.missingValues.
 */}}
 {{- define "dapo.validateMissing" -}}
 {{- $lines := compact (splitList "\n" (include "dapo.missingValues" .)) -}}
@@ -340,7 +340,7 @@ the queue's name.
 {{- end -}}
 
 {{/*
-The images the release runs that do not exist, one line each (dapo/k8s/install_rules.py, the same lines): verl on CPU
+The images the release runs that do not exist, one line each: verl on CPU
 with the CUDA training image; the chart's default repositories, never published (unless image.published says that
 the images named exist).
 */}}
