@@ -1,8 +1,7 @@
 {{/* vim: set filetype=mustache: */}}
 {{/*
-Names, labels and images. dapo/k8s/manifests.py (on dapo/k8s/context.py, pods.py, rayjobs.py, helm_tests.py) builds
-the same objects in Python (scripts/render.py); a test renders both for every preset and compares them, so change the
-two together. The templates are split by concern as dapo/k8s is: _presets.tpl (the preset merge), _pods.tpl (the pod
+Names, labels and images. The chart is the one source of the objects: scripts/render.py and `dapo doctor` render it
+with Helm's engine, and the tests assert on Helm's output. The templates are split by concern: _presets.tpl (the preset merge), _pods.tpl (the pod
 parts), _rayjob.tpl (the RayJobs), _upgrade.tpl, _validate.tpl and _security.tpl (the guards), _logs.tpl (the log
 followers), _helm_tests.tpl, _reference.tpl.
 */}}

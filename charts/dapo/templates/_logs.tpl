@@ -1,6 +1,6 @@
 {{/*
 The log followers (logs.enabled): one Job per RayJob that prints every attempt's driver log as one stream,
-`python -m dapo.cluster.follow`. dapo/k8s/followers.py builds the same objects for scripts/render.py.
+`python -m dapo.cluster.follow`.
 */}}
 
 {{/*
@@ -248,7 +248,7 @@ containers:
 {{- end -}}
 
 {{/*
-The follower Job with dapo-k8s.github.io/spec-sha256 (SHA-256 of the JSON of its spec, as dapo.k8s.upgrade.spec_sha256)
+The follower Job with dapo-k8s.github.io/spec-sha256 (SHA-256 of the JSON of its spec)
 and its upgrade guard. Usage: include "dapo.followerJobWithHash" (dict "root" $ "kind" "train")
 */}}
 {{- define "dapo.followerJobWithHash" -}}

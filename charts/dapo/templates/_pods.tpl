@@ -206,7 +206,7 @@ securityContext:
 
 {{/*
 The container half of the Pod Security Standard "restricted": the securityContext of the chart's helper containers
-(data preparation, model download, submitter, helm tests). dapo.k8s.security.RESTRICTED_CONTAINER is the same.
+(data preparation, model download, submitter, helm tests).
 */}}
 {{- define "dapo.restrictedContainer" -}}
 allowPrivilegeEscalation: false

@@ -163,7 +163,7 @@ checkov.io/skip{{ add1 $i }}: {{ printf "%s=%s" (first (splitList ":" $check)) (
 {{- end -}}
 
 {{/*
-What checkov finds in the K8sJobMode submitter's pod template that stays (JSON list; dapo.k8s.security.submitter_skips).
+What checkov finds in the K8sJobMode submitter's pod template that stays (JSON list).
 Usage: include "dapo.submitterSkips" $image
 */}}
 {{- define "dapo.submitterSkips" -}}
