@@ -10,7 +10,8 @@ other value of the verl config the worker groups were built with is the preset's
 One run (module fixture) in the vLLM-on-CPU venv (``DAPO_VLLM_PYTHON``); the driver starts Ray itself with the
 preset's one logical GPU. Measured in three runs on 2 cores shared with other work (load average 8-26): 10.4-13.5 min
 in all -- the stand-in's warm start 2-3 min (one torch thread; 43 s at a lower load), `dapo train` 7-10.6 min, most of
-it Ray's, the worker group's and the vLLM engine's start; a step 3-9 s.
+it Ray's, the worker group's and the vLLM engine's start; a step 3-9 s. With the two fault attempts below, the whole
+module took 671 s at a lower load (stand-in and run 241 s, the fault attempts 421 s).
 
 The same run then goes on for two more attempts, each with a fault injected from outside (the ``faults`` fixture): a
 vLLM engine frozen in a generation, then a save blocked in its write; each must end its attempt through the watchdog

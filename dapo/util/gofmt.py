@@ -1,6 +1,6 @@
-"""Values printed the way Go (and so Helm's templates) print them, so Python messages and commands
-that the chart also writes (:mod:`dapo.k8s`, :mod:`dapo.reference`, :mod:`dapo.config`) say the same thing byte for byte: ``strconv.Quote``, ``printf "%q"``, and
-the template function ``toString``.
+"""Values printed the way Go (and so Helm's templates) print them, so Python messages and commands that the chart
+also writes (:mod:`dapo.k8s`, :mod:`dapo.reference`, :mod:`dapo.config`) say the same thing byte for byte:
+``strconv.Quote``, ``printf "%q"``, and the template function ``toString``.
 """
 
 from __future__ import annotations
