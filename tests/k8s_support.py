@@ -50,27 +50,25 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def multi_node_gpu_training(values: dict[str, Any]) -> bool:
-    """Chart values (coalesced) that make a training run of our trainer on more than one GPU node: the runs the chart
-    makes declare their fabric (its dapo.validateFabric)."""
-    from dapo.k8s import placement
-    from dapo.k8s.presets import merged_preset
-
-    pl = placement(values, merged_preset(values["preset"]))
-    return bool(values["train"]["enabled"] and values["train"]["runner"] != "reference" and pl["backend"] != "local"
-                and not pl["cpu"] and pl["nodes"] > 1)
-
-
 def stand_in_fabric(files=(), values: dict[str, Any] | None = None) -> dict[str, Any]:
-    """STAND_IN_FABRIC when these values make a multi-node GPU run that declares no fabric, else {}."""
-    from dapo.k8s import load_values
-
-    try:
-        v = load_values(CHART_DIR, list(files), (), copy.deepcopy(values or {}))
-        multi = multi_node_gpu_training(v)
-    except (ValuesError, FileNotFoundError, KeyError):  # the render reports what is wrong
+    """STAND_IN_FABRIC when the chart refuses these values (over these files) for want of a declared fabric -- a run
+    of our trainer on more than one GPU node (its dapo.missingValues) -- else {}. Helm decides, not a copy of its
+    rule: the values are rendered once to see."""
+    v = copy.deepcopy(values or {})
+    for f in reversed(list(files)):
+        v = merge(yaml.safe_load(Path(f).read_text()) or {}, v)
+    if (v.get("fabric") or {}).get("expect"):
         return {}
-    return copy.deepcopy(STAND_IN_FABRIC) if multi and not v["fabric"]["expect"] else {}
+    return copy.deepcopy(STAND_IN_FABRIC) if _wants_fabric(json.dumps(v, sort_keys=True)) else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _wants_fabric(values_json: str) -> bool:
+    try:
+        chart().render(json.loads(values_json), name="dapo", namespace="ml")
+    except helm().HelmError as exc:
+        return "\n- fabric.expect: " in str(exc)
+    return False
 
 
 def go_json(data: Any) -> str:

@@ -318,6 +318,35 @@ def test_an_unreachable_api_server_or_refused_values_exit_2(cluster, tmp_path, c
     assert "cannot be reached" in capsys.readouterr().err
 
 
+def test_the_preset_is_loaded_from_what_the_workers_mount_with_the_entrypoints_own_arguments():
+    """dapo doctor loads the preset as the rendered training entrypoint will: `dapo train`'s parser over its
+    arguments (the chart's placement overrides included), the files of the ConfigMap mounted where --preset points."""
+    from dapo.config import ConfigError
+    from dapo.k8s import ValuesError
+    from dapo.k8s.doctor_cli import validate_preset
+    from k8s_support import doctor_release
+
+    _, objects = doctor_release(VALUES, SETS)
+    validate_preset(objects)
+    (cm,) = [o for o in objects if o["kind"] == "ConfigMap" and "full.yaml" in (o.get("data") or {})]
+    # a value the mounted preset file holds is what is validated: the ConfigMap's copy, not this checkout's file
+    broken = copy.deepcopy(objects)
+    (bcm,) = [o for o in broken if o["metadata"]["name"] == cm["metadata"]["name"] and o["kind"] == "ConfigMap"]
+    bcm["data"]["full.yaml"] += "\nrecipe:\n  actor:\n    optim:\n      lrr: 1.0e-6\n"
+    with pytest.raises(ConfigError, match="lrr"):
+        validate_preset(broken)
+    # the chart's placement arguments reach the loader (0 nodes is refused by name)
+    (job,) = [o for o in broken if o["kind"] == "RayJob" and "dapo.train" in o["spec"]["entrypoint"]]
+    bcm["data"]["full.yaml"] = cm["data"]["full.yaml"]
+    job["spec"]["entrypoint"] = job["spec"]["entrypoint"].replace("placement.nodes=16", "placement.nodes=0")
+    with pytest.raises(ConfigError, match="placement.nodes"):
+        validate_preset(broken)
+    # a --preset outside the mounted folder is named
+    job["spec"]["entrypoint"] = job["spec"]["entrypoint"].replace("/etc/dapo/presets/", "/opt/presets/")
+    with pytest.raises(ValuesError, match="--preset /opt/presets/full.yaml is not in the ConfigMap"):
+        validate_preset(broken)
+
+
 def test_gke_multi_networks_the_pods_name_must_exist(tmp_path):
     """values/gke-a3-mega.yaml's workers name eight GKE networks (networking.gke.io/interfaces): each a Network
     object (networking.gke.io/v1) of the cluster, else the pods never start."""

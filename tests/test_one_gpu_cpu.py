@@ -189,10 +189,11 @@ STUCK_SAVE = ["recipe.trainer.watchdog.save_s=30"]
 
 
 def _attempt(scenario, extra: list[str], name: str) -> subprocess.Popen:
-    out = open(scenario["root"] / f"{name}.out", "w")
     argv = [*scenario["argv"], *FAULT_RECIPE, *extra]
-    return subprocess.Popen([vllm_python(), "-m", "dapo.train", *argv], env=_env(scenario["root"]),
-                            cwd=scenario["root"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    # the child keeps its own descriptor of the file; ours closes once it has started
+    with open(scenario["root"] / f"{name}.out", "w") as out:
+        return subprocess.Popen([vllm_python(), "-m", "dapo.train", *argv], env=_env(scenario["root"]),
+                                cwd=scenario["root"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _wait_phase(run: Path, phase: str, step: int, proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> None:

@@ -116,9 +116,8 @@ def _follower(job, root: Path, env: dict[str, str]):
     (state,) = [m["mountPath"] for m in follow["volumeMounts"] if m["name"] == "state"]
     local = str(root / "state")
     argv = [a.replace(state, local) for a in follow["command"] + follow["args"]]
-    out = open(root / "follower.out", "wb")
-    proc = subprocess.Popen(argv, env=env, stdout=out, stderr=open(root / "follower.err", "wb"),
-                            start_new_session=True)
+    with open(root / "follower.out", "wb") as out, open(root / "follower.err", "wb") as err:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)
     return proc, [a.replace(state, local) for a in result["command"]], Path(local)
 
 

@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from dapo.k8s import ValuesError
-from dapo.k8s.security import pod_security_profile
-from k8s_support import CHART_DIR, RWX, by_key, chart_objects, helm_notes, helm_objects, rendered_pods, value_sets
+from dapo.k8s.security import pod_security_profile, read_profile
+from k8s_support import (CHART_DIR, RWX, by_key, chart_objects, helm_notes, helm_objects, on_stand_in, rendered_pods,
+                          value_sets)
 
 SETS = value_sets()
 # each setting that raises the level, alone on the defaults (in SETS they come together: hostNetwork with ipcLock in
@@ -113,9 +114,8 @@ def restricted_violations(spec) -> list[str]:
 @pytest.mark.parametrize("case", SETS, ids=[s[0] for s in SETS])
 def test_every_rendered_pod_meets_the_pod_security_level_notes_names(case):
     _, values, release = case
-    level, reasons = pod_security_profile(_coalesced(values))
     notes = helm_notes(values, release=release)
-    assert f'the pods need the Pod Security Standard "{level}"' in notes
+    level, reasons = read_profile(notes)
     pods = rendered_pods(values, release)
     assert pods
     if level == "restricted":
@@ -138,7 +138,9 @@ def test_each_setting_that_needs_more_than_restricted_raises_the_level_on_its_ow
     need -- the pods break the next stricter level's rules and meet this one's."""
     name, values, want = case
     test_every_rendered_pod_meets_the_pod_security_level_notes_names((name, values, "dapo"))
-    assert pod_security_profile(_coalesced(values))[0] == want
+    # dapo doctor's reading: NOTES rendered from the coalesced values it holds
+    level, reasons = pod_security_profile(CHART_DIR, _coalesced(on_stand_in(values)))
+    assert level == want and read_profile(helm_notes(values)) == (level, reasons) and len(reasons) == 1
 
 
 def _coalesced(values):

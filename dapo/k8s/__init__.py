@@ -7,13 +7,12 @@ own engine (:mod:`dapo.k8s.helm`), so there is no second renderer to keep equal 
   ``--set-json``/``--set-file`` read as Helm reads them, the objects rendered by Helm's engine. ``scripts/render.py``
   and ``dapo doctor`` render with it.
 - :mod:`dapo.k8s.versions`: the pinned image / Ray / KubeRay versions.
-- :mod:`dapo.k8s.presets`: the preset chain with the chart's error type (:class:`ValuesError`), for ``dapo plan`` and
-  :func:`validate_preset`.
+- :mod:`dapo.k8s.presets`: the preset chain with the chart's error type (:class:`ValuesError`), for ``dapo plan``.
 - :mod:`dapo.k8s.rules`: KubeRay controller rules that the CRD schemas do not encode, checked on what
   ``scripts/render.py`` renders.
 - :mod:`dapo.k8s.upgrade`: the upgrade guards of ``scripts/render.py --apply`` (the chart's ``dapo.upgradeGuard`` and
   ``dapo.followerGuard``, which need a live cluster).
-- :mod:`dapo.k8s.security`: the Pod Security profile a namespace needs for the values (``dapo doctor``).
+- :mod:`dapo.k8s.security`: the Pod Security level a namespace needs, as the chart's NOTES name it (``dapo doctor``).
 - :mod:`dapo.k8s.capacity`: where a pod of the chart fits on the cluster's nodes (selectors, affinity, taints,
   allocatable minus the requests of running pods) and what an autoscaler says it can add: for ``dapo doctor``.
 - :mod:`dapo.k8s.doctor`, :mod:`dapo.k8s.doctor_checks`, ``dapo.k8s.doctor_cli`` (``dapo doctor``): whether the
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dapo.k8s.presets import ValuesError
-from dapo.util.gofmt import q
 
 
 def load_values(chart_dir: Path, value_files: Iterable[Path] = (), sets: Iterable[str] = (),
@@ -45,34 +43,4 @@ def load_values(chart_dir: Path, value_files: Iterable[Path] = (), sets: Iterabl
     return helm.coalesced(chart_dir, user)
 
 
-def placement(values: dict[str, Any], preset: dict[str, Any]) -> dict[str, Any]:
-    """The chart's ``dapo.placement`` (``_presets.tpl``): backend, nodes, gpus (training), evalGpus, cpu (verl on
-    CPU), from the values over the merged preset's ``placement``."""
-    pl = preset.get("placement") or {}
-    for key in ("backend", "nodes", "gpus_per_node"):
-        if key not in pl:
-            raise ValuesError(
-                f"preset: {q(values['preset'])} does not set placement.{key} (the chart reads it from the preset chain)"
-            )
-    nodes = int(values["nodes"]) if values.get("nodes") is not None else int(pl["nodes"])
-    gpus = int(values["gpusPerNode"]) if values.get("gpusPerNode") is not None else int(pl["gpus_per_node"])
-    ev = values["eval"].get("gpusPerNode")
-    # verl's own workers on CPU (placement.accelerator: cpu): the GPUs are logical Ray slots
-    cpu = pl["backend"] != "local" and str(pl.get("accelerator") or "h100") == "cpu"
-    return {"backend": pl["backend"], "nodes": nodes, "gpus": gpus, "evalGpus": int(ev) if ev is not None else gpus,
-            "cpu": cpu}
-
-
-def validate_preset(values: dict[str, Any]) -> None:
-    """Load the preset strictly with the overrides the entrypoint will pass (Helm cannot do this): ``dapo doctor``."""
-    from dapo.config import load_preset, split_overrides
-    from dapo.k8s.presets import merged_preset
-
-    pl = placement(values, merged_preset(values["preset"]))
-    ours, _verl = split_overrides(list(values["overrides"]))
-    if pl["backend"] != "local":
-        ours += [f"placement.nodes={pl['nodes']}", f"placement.gpus_per_node={pl['gpus']}"]
-    load_preset(values["preset"], ours)
-
-
-__all__ = ["ValuesError", "load_values", "placement", "validate_preset"]
+__all__ = ["ValuesError", "load_values"]

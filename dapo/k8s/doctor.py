@@ -15,7 +15,7 @@ for with what the API server says, through the ``kubernetes`` client and the use
 - ``storage``: the StorageClass exists and its provisioner gives ReadWriteMany (:data:`RWX_PROVISIONERS`), or the
   existing claim is bound ReadWriteMany;
 - ``pod security``: the namespace exists and its ``pod-security.kubernetes.io/enforce`` level admits the level the
-  chart's NOTES name (:func:`dapo.k8s.security.pod_security_profile`, the same computation);
+  chart's NOTES name (read from them: :func:`dapo.k8s.security.pod_security_profile`);
 - ``secret``: the Secret and the keys the pods read (key names only: values are never printed);
 - ``kueue``: with ``queue.scheduler: kueue``, Kueue's CRDs, the LocalQueue, its ClusterQueue and its
   ``nvidia.com/gpu`` quota against the run.
@@ -39,11 +39,14 @@ from __future__ import annotations
 import json
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from dapo.k8s import capacity
 from dapo.k8s.security import pod_security_profile
 
+# the chart of this checkout (dapo doctor --chart picks another)
+CHART = Path(__file__).resolve().parents[2] / "charts" / "dapo"
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 RWX_PROVISIONERS = ("efs.csi.aws.com", "fsx.csi.aws.com", "filestore.csi.storage.gke.io", "lustre.csi.storage.gke.io",
                     "file.csi.azure.com", "nfs.csi.k8s.io", "cephfs.csi.ceph.com",
@@ -142,8 +145,9 @@ def _template(rayjob: dict[str, Any], role: str) -> dict[str, Any]:
 class Doctor:
     """What the checks of one release read (module doc); :func:`dapo.k8s.doctor_checks.run` runs them."""
 
-    def __init__(self, values: dict[str, Any], objects: list[dict[str, Any]], namespace: str, cluster: Cluster):
-        self.v, self.objects, self.ns, self.c = values, objects, namespace, cluster
+    def __init__(self, values: dict[str, Any], objects: list[dict[str, Any]], namespace: str, cluster: Cluster,
+                 chart: Path = CHART):
+        self.v, self.objects, self.ns, self.c, self.chart = values, objects, namespace, cluster, chart
         jobs = [o for o in objects if o["kind"] == "RayJob"]
         self.rayjob = next((o for o in jobs if o["metadata"]["name"].endswith("-train")), jobs[0] if jobs else None)
         self._nodes: Optional[list[dict[str, Any]]] = None
@@ -175,7 +179,7 @@ class Doctor:
         return int(need.get("nvidia.com/gpu", 0))
 
     def pod_security_needed(self) -> tuple[str, list[str]]:
-        return pod_security_profile(self.v)
+        return pod_security_profile(self.chart, self.v)
 
 
 def table(rows: list[Row], width: int = 118) -> str:

@@ -13,12 +13,15 @@ cannot be reached, 0 otherwise.
 from __future__ import annotations
 
 import argparse
+import posixpath
+import shlex
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "dapo"
+from dapo.k8s.doctor import CHART
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,13 +43,53 @@ def _parser() -> argparse.ArgumentParser:
 def read_release(chart: Path, user: dict[str, Any], *, release: str, namespace: str
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(``.Values``, the objects ``helm upgrade --install`` would create but the ``helm test`` pods) of these user
-    values, by Helm's own code; the preset loaded strictly. Raises ValuesError / ConfigError for values refused."""
-    from dapo.k8s import helm, validate_preset
+    values, by Helm's own code; the preset loaded strictly, as the entrypoint will. Raises ValuesError / ConfigError for values refused."""
+    from dapo.k8s import helm
 
     values = helm.coalesced(chart, user)
     objects = [m.obj for m in helm.render(chart, user, release=release, namespace=namespace) if "test" not in m.hooks]
-    validate_preset(values)
+    validate_preset(objects)
     return values, objects
+
+
+def validate_preset(objects: list[dict[str, Any]]) -> None:
+    """Load the preset as the training RayJob's entrypoint will, before anything is installed (Helm cannot): the
+    entrypoint's arguments read by ``dapo train``'s own parser, the preset files from the ConfigMap the workers mount
+    where ``--preset`` points (the driver runs on a worker). Nothing to load when no RayJob runs ``dapo.train`` (the
+    evaluation alone, or the reference recipe, whose overrides are verl 4f80e46's). Raises ConfigError naming the
+    offending key, ValuesError when the preset the entrypoint names is not mounted."""
+    from dapo.config import load_preset, split_overrides
+    from dapo.k8s import ValuesError
+    from dapo.train.cli import build_parser
+
+    for job in (o for o in objects if o["kind"] == "RayJob"):
+        argv = shlex.split(job["spec"].get("entrypoint") or "")
+        if "dapo.train" not in argv:
+            continue
+        args = build_parser().parse_args(argv[argv.index("dapo.train") + 1:])
+        ours, _verl = split_overrides(args.overrides)
+        folder, name = posixpath.split(args.preset)
+        files = _mounted_config_map(job, objects, folder)
+        if name not in files:
+            raise ValuesError(f"train.presetDir: the entrypoint's --preset {args.preset} is not in the ConfigMap the "
+                              f"workers mount at {folder or '(no folder)'}")
+        with tempfile.TemporaryDirectory(prefix="dapo-preset-") as tmp:
+            for key, text in files.items():
+                Path(tmp, key).write_text(text)
+            load_preset(str(Path(tmp, name)), ours)
+
+
+def _mounted_config_map(job: dict[str, Any], objects: list[dict[str, Any]], folder: str) -> dict[str, str]:
+    """The data of the rendered ConfigMap that the RayJob's workers mount at ``folder`` ({} when none is)."""
+    groups = job["spec"]["rayClusterSpec"].get("workerGroupSpecs") or []
+    pod = groups[0]["template"]["spec"] if groups else {}
+    mounts = {m["name"] for c in pod.get("containers") or [] for m in c.get("volumeMounts") or []
+              if m["mountPath"].rstrip("/") == folder.rstrip("/")}
+    names = {v["configMap"]["name"] for v in pod.get("volumes") or [] if v["name"] in mounts and "configMap" in v}
+    for o in objects:
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] in names:
+            return dict(o.get("data") or {})
+    return {}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -69,7 +112,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ValuesError, ConfigError) as exc:
         print(f"dapo doctor: {exc}", file=sys.stderr)
         return 2
-    rows = run(Doctor(values, objects, namespace, cluster))
+    rows = run(Doctor(values, objects, namespace, cluster, chart=args.chart))
     print(f"dapo doctor: release {args.release} in namespace {namespace}, {cluster.client.configuration.host}")
     print(table(rows))
     counts = Counter(r.verdict for r in rows)

@@ -382,6 +382,17 @@ def render(chart_dir: Path, values: dict[str, Any], *, release: str, namespace: 
     return out
 
 
+def notes(chart_dir: Path, values: dict[str, Any], *, release: str = "dapo", namespace: str = "default") -> str:
+    """The chart's NOTES.txt as ``helm install`` prints it for these values (refusals raise :class:`ValuesError`)."""
+    h = helm()
+    chart = load_chart(str(chart_dir))
+    try:
+        rendered = chart.render(values, name=release, namespace=namespace, is_upgrade=False, is_install=True)
+    except h.HelmError as exc:
+        raise ValuesError(_message(exc)) from exc
+    return next((text for source, text in rendered.items() if source.endswith("/NOTES.txt")), "")
+
+
 def _message(exc: Exception) -> str:
     """Helm's error without the template position it prefixes to a `fail` (the message names the key)."""
     text = str(exc).strip()

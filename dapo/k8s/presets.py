@@ -1,5 +1,5 @@
-"""The preset chain (:mod:`dapo.config.chain`) with the chart's error type, for the readers in this package: ``dapo
-plan`` lists the presets, :func:`dapo.k8s.validate_preset` (``dapo doctor``) reads a preset's placement.
+"""The preset chain (:mod:`dapo.config.chain`) with the chart's error type, for the readers in this package (``dapo
+plan`` lists the presets; ``dapo doctor`` loads the one the rendered entrypoint names).
 
 The chart mounts ``presets/`` (a link to ``dapo/presets``) and merges a preset in its own templates
 (``charts/dapo/templates/_presets.tpl``; tests/test_preset_chain.py proves it equal to :mod:`dapo.config.chain`).

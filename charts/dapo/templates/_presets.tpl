@@ -2,7 +2,7 @@
 The preset merge: the preset's `extends:` chain read from presets/ (a link to the package's dapo/presets),
 merged like dapo.config.chain (the one Python implementation; tests/test_preset_chain.py renders these defines
 through Helm and compares them with it on every preset and a table of override spellings), the values' overrides
-applied, the placement and model it implies (dapo.k8s.placement reads dapo.placement's part for dapo doctor).
+applied, the placement and model it implies.
 */}}
 
 {{/*

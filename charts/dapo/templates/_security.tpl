@@ -1,7 +1,7 @@
 {{/*
 What keeps a run to itself: the rules that refuse security settings that cannot work, and the Pod Security Standard
-level a namespace needs for the values (dapo doctor computes the level with dapo/k8s/security.py, held equal to
-dapo.podSecurityProfile by tests/test_security.py); the NetworkPolicy is networkpolicy.yaml, authOptions and the securityContexts are in _rayjob.tpl and _pods.tpl.
+level a namespace needs for the values (NOTES names it; dapo doctor reads it from NOTES; tests/test_security.py holds
+it against the Pod Security Standards' rules on every rendered pod); the NetworkPolicy is networkpolicy.yaml, authOptions and the securityContexts are in _rayjob.tpl and _pods.tpl.
 */}}
 {{- define "dapo.validateSecurity" -}}
 {{- $v := .Values -}}
@@ -66,7 +66,7 @@ The Pod Security Standard level the namespace needs for these values, and why (J
 {{- if $v.ipcLock -}}
 {{- $privileged = append $privileged "ipcLock (IPC_LOCK is not among the capabilities baseline allows)" -}}
 {{- end -}}
-{{- /* extra volumes and sidecars baseline refuses (dapo.k8s.security._extra_pod_parts) */ -}}
+{{- /* extra volumes and sidecars baseline refuses */ -}}
 {{- $baselineCaps := list "AUDIT_WRITE" "CHOWN" "DAC_OVERRIDE" "FOWNER" "FSETID" "KILL" "MKNOD" "NET_BIND_SERVICE" "SETFCAP" "SETGID" "SETPCAP" "SETUID" "SYS_CHROOT" -}}
 {{- range $role := list "head" "worker" -}}
 {{- $g := index $v $role -}}
@@ -92,7 +92,7 @@ The Pod Security Standard level the namespace needs for these values, and why (J
 {{- if or (eq (toString $ctr.runAsUser) "0") (and (hasKey $ctr "runAsNonRoot") (eq (toString $ctr.runAsNonRoot) "false")) -}}
 {{- $baseline = append $baseline "securityContext runs the Ray containers as root" -}}
 {{- end -}}
-{{- /* sidecars that run as root in their own securityContext (dapo.k8s.security._root_sidecars) */ -}}
+{{- /* sidecars that run as root in their own securityContext (baseline allows them, restricted does not) */ -}}
 {{- range $role := list "head" "worker" -}}
 {{- range $c := (index $v $role).sidecarContainers | default list -}}
 {{- $sc := $c.securityContext | default dict -}}
