@@ -194,9 +194,9 @@ def refusal(files=(), extra: dict[str, Any] | None = None, *, stand_in: bool = T
 
 
 def doctor_release(files=(), sets=(), *, extra: dict[str, Any] | None = None, release: str = "dapo",
-                   namespace: str = "ml") -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(values, objects) as `dapo doctor -f <files> --set <sets>` reads them (dapo.k8s.doctor_cli.read_release),
-    extra merged over the files and sets."""
+                   namespace: str = "ml"):
+    """The release (values, objects, NOTES) as `dapo doctor -f <files> --set <sets>` reads it
+    (dapo.k8s.doctor_cli.read_release), extra merged over the files and sets."""
     from dapo.k8s import helm
     from dapo.k8s.doctor_cli import read_release
 

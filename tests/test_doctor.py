@@ -133,9 +133,9 @@ def doctor_rows(api: StandInApi, values=VALUES, sets=SETS) -> dict:
     from k8s_support import doctor_release
 
     c = Cluster(str(api.config))
-    v, objects = doctor_release(values, sets)
+    found = doctor_release(values, sets)
     out: dict = {}
-    for r in run(Doctor(v, objects, "ml", c)):
+    for r in run(Doctor(found, "ml", c)):
         out.setdefault(r.check, []).append((r.verdict, r.found, r.fix))
     return out
 
@@ -326,7 +326,7 @@ def test_the_preset_is_loaded_from_what_the_workers_mount_with_the_entrypoints_o
     from dapo.k8s.doctor_cli import validate_preset
     from k8s_support import doctor_release
 
-    _, objects = doctor_release(VALUES, SETS)
+    objects = doctor_release(VALUES, SETS).objects
     validate_preset(objects)
     (cm,) = [o for o in objects if o["kind"] == "ConfigMap" and "full.yaml" in (o.get("data") or {})]
     # a value the mounted preset file holds is what is validated: the ConfigMap's copy, not this checkout's file
@@ -355,18 +355,18 @@ def test_gke_multi_networks_the_pods_name_must_exist(tmp_path):
     from k8s_support import STAND_IN, doctor_release
 
     files = [VALUES_DIR / f for f in ("smoke.yaml", "smoke-2node.yaml", "gke-a3-mega.yaml")]
-    values, objects = doctor_release(files, extra=STAND_IN, release="dapo-smoke")
+    found = doctor_release(files, extra=STAND_IN, release="dapo-smoke")
     api = StandInApi([{"apiVersion": "networking.gke.io/v1", "kind": "Network", "metadata": {"name": f"vpc{i}"},
                        "spec": {"type": "Device", "parametersRef": {"group": "networking.gke.io",
                                                                     "kind": "GKENetworkParamSet", "name": f"vpc{i}"}}}
                       for i in range(1, 9)])
     try:
         config = api.kubeconfig(tmp_path, namespace="ml")
-        rows = fabric(Doctor(values, objects, "ml", Cluster(str(config))))
+        rows = fabric(Doctor(found, "ml", Cluster(str(config))))
         assert [(r.verdict, r.found) for r in rows] == [("ok", "GKE networks vpc1, vpc2, vpc3, vpc4, vpc5, vpc6, "
                                                                "vpc7, vpc8 exist")]
         api.remove("Network", "vpc5")
-        (row,) = fabric(Doctor(values, objects, "ml", Cluster(str(config))))
+        (row,) = fabric(Doctor(found, "ml", Cluster(str(config))))
         assert (row.verdict, row.found) == ("FAIL", "GKE networks missing: vpc5") and "GKENetworkParamSet" in row.fix
     finally:
         api.close()
@@ -405,7 +405,7 @@ def test_a_baseline_namespace_is_refused_for_ipc_lock_and_admitted_without_it(cl
         "pod-security.kubernetes.io/enforce"] = "baseline"
     assert doctor_rows(cluster)["pod security"][0][0] == "ok"
     sets = SETS + ["ipcLock=true"]
-    (row,) = pod_security(Doctor(*doctor_release(VALUES, sets), "ml", Cluster(str(cluster.config))))
+    (row,) = pod_security(Doctor(doctor_release(VALUES, sets), "ml", Cluster(str(cluster.config))))
     assert (row.verdict, row.found) == ("FAIL", "namespace ml: enforce=baseline")
     assert row.needed == "admits privileged (ipcLock (IPC_LOCK is not among the capabilities baseline allows))"
     assert row.fix == "kubectl label namespace ml pod-security.kubernetes.io/enforce=privileged --overwrite"
@@ -467,7 +467,7 @@ def test_a_pods_init_containers_count_as_the_largest_of_them_not_their_sum(clust
     from dapo.k8s.doctor import Cluster, Doctor
     from k8s_support import doctor_release
 
-    d = Doctor(*doctor_release(VALUES, SETS), "ml", Cluster(str(cluster.config)))
+    d = Doctor(doctor_release(VALUES, SETS), "ml", Cluster(str(cluster.config)))
     worker_cpu = capacity.pod_requests(d.worker()["spec"])["cpu"]
     free = capacity.free_resources(_gpu_node(cluster, 0), d.pods())["cpu"]
     init = free - worker_cpu - 0.5

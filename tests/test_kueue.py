@@ -200,8 +200,7 @@ def test_dapo_doctor_passes_its_queue_check_on_these_objects(tmp_path):
             if obj["kind"] != "ResourceFlavor":
                 api.put(json.loads(json.dumps(obj)))
         config = api.kubeconfig(tmp_path, namespace="dapo")
-        values, objects = doctor_release(FILES, extra=STAND_IN, namespace="dapo")
-        (row,) = kueue(Doctor(values, objects, "dapo", Cluster(str(config))))
+        (row,) = kueue(Doctor(doctor_release(FILES, extra=STAND_IN, namespace="dapo"), "dapo", Cluster(str(config))))
     finally:
         api.close()
     assert row.verdict == "ok", row

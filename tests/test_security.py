@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from dapo.k8s import ValuesError
-from dapo.k8s.security import pod_security_profile, read_profile
-from k8s_support import (CHART_DIR, RWX, by_key, chart_objects, helm_notes, helm_objects, on_stand_in, rendered_pods,
+from dapo.k8s.security import pod_security_profile
+from k8s_support import (RWX, by_key, chart_objects, doctor_release, helm_notes, helm_objects, on_stand_in, rendered_pods,
                           value_sets)
 
 SETS = value_sets()
@@ -115,7 +115,7 @@ def restricted_violations(spec) -> list[str]:
 def test_every_rendered_pod_meets_the_pod_security_level_notes_names(case):
     _, values, release = case
     notes = helm_notes(values, release=release)
-    level, reasons = read_profile(notes)
+    level, reasons = pod_security_profile(notes)
     pods = rendered_pods(values, release)
     assert pods
     if level == "restricted":
@@ -138,15 +138,9 @@ def test_each_setting_that_needs_more_than_restricted_raises_the_level_on_its_ow
     need -- the pods break the next stricter level's rules and meet this one's."""
     name, values, want = case
     test_every_rendered_pod_meets_the_pod_security_level_notes_names((name, values, "dapo"))
-    # dapo doctor's reading: NOTES rendered from the coalesced values it holds
-    level, reasons = pod_security_profile(CHART_DIR, _coalesced(on_stand_in(values)))
-    assert level == want and read_profile(helm_notes(values)) == (level, reasons) and len(reasons) == 1
-
-
-def _coalesced(values):
-    from dapo.k8s import load_values
-
-    return load_values(CHART_DIR, extra=copy.deepcopy(values))
+    # what dapo doctor reads: the NOTES of its own render of the release
+    level, reasons = pod_security_profile(doctor_release(extra=on_stand_in(values)).notes)
+    assert level == want and len(reasons) == 1
 
 
 def test_the_checker_names_the_rule_each_setting_breaks():

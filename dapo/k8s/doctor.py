@@ -39,14 +39,11 @@ from __future__ import annotations
 import json
 import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from dapo.k8s import capacity
 from dapo.k8s.security import pod_security_profile
 
-# the chart of this checkout (dapo doctor --chart picks another)
-CHART = Path(__file__).resolve().parents[2] / "charts" / "dapo"
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 RWX_PROVISIONERS = ("efs.csi.aws.com", "fsx.csi.aws.com", "filestore.csi.storage.gke.io", "lustre.csi.storage.gke.io",
                     "file.csi.azure.com", "nfs.csi.k8s.io", "cephfs.csi.ceph.com",
@@ -142,13 +139,23 @@ def _template(rayjob: dict[str, Any], role: str) -> dict[str, Any]:
     return group["template"]
 
 
+@dataclass
+class Release:
+    """One release as Helm renders it: ``.Values``, the objects ``helm upgrade --install`` would create but the
+    ``helm test`` pods, and the NOTES it prints."""
+
+    values: dict[str, Any]
+    objects: list[dict[str, Any]]
+    notes: str
+
+
 class Doctor:
     """What the checks of one release read (module doc); :func:`dapo.k8s.doctor_checks.run` runs them."""
 
-    def __init__(self, values: dict[str, Any], objects: list[dict[str, Any]], namespace: str, cluster: Cluster,
-                 chart: Path = CHART):
-        self.v, self.objects, self.ns, self.c, self.chart = values, objects, namespace, cluster, chart
-        jobs = [o for o in objects if o["kind"] == "RayJob"]
+    def __init__(self, release: Release, namespace: str, cluster: Cluster):
+        self.v, self.objects, self.notes = release.values, release.objects, release.notes
+        self.ns, self.c = namespace, cluster
+        jobs = [o for o in self.objects if o["kind"] == "RayJob"]
         self.rayjob = next((o for o in jobs if o["metadata"]["name"].endswith("-train")), jobs[0] if jobs else None)
         self._nodes: Optional[list[dict[str, Any]]] = None
         self._pods: Optional[list[dict[str, Any]]] = None
@@ -179,7 +186,7 @@ class Doctor:
         return int(need.get("nvidia.com/gpu", 0))
 
     def pod_security_needed(self) -> tuple[str, list[str]]:
-        return pod_security_profile(self.chart, self.v)
+        return pod_security_profile(self.notes)
 
 
 def table(rows: list[Row], width: int = 118) -> str:

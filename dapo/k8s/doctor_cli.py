@@ -21,7 +21,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from dapo.k8s.doctor import CHART
+from dapo.k8s.doctor import Release
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "dapo"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,16 +42,16 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def read_release(chart: Path, user: dict[str, Any], *, release: str, namespace: str
-                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(``.Values``, the objects ``helm upgrade --install`` would create but the ``helm test`` pods) of these user
-    values, by Helm's own code; the preset loaded strictly, as the entrypoint will. Raises ValuesError / ConfigError for values refused."""
+def read_release(chart: Path, user: dict[str, Any], *, release: str, namespace: str) -> Release:
+    """The release these user values make, by Helm's own code, its preset loaded strictly as the entrypoint will.
+    Raises ValuesError / ConfigError for values refused."""
     from dapo.k8s import helm
 
     values = helm.coalesced(chart, user)
-    objects = [m.obj for m in helm.render(chart, user, release=release, namespace=namespace) if "test" not in m.hooks]
+    manifests, notes = helm.render_release(chart, user, release=release, namespace=namespace)
+    objects = [m.obj for m in manifests if "test" not in m.hooks]
     validate_preset(objects)
-    return values, objects
+    return Release(values, objects, notes)
 
 
 def validate_preset(objects: list[dict[str, Any]]) -> None:
@@ -107,12 +109,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     namespace = args.namespace or cluster.namespace
     try:
-        values, objects = read_release(args.chart, helm.user_values(helm.options_from(args)), release=args.release,
-                                       namespace=namespace)
+        found = read_release(args.chart, helm.user_values(helm.options_from(args)), release=args.release,
+                             namespace=namespace)
     except (ValuesError, ConfigError) as exc:
         print(f"dapo doctor: {exc}", file=sys.stderr)
         return 2
-    rows = run(Doctor(values, objects, namespace, cluster, chart=args.chart))
+    rows = run(Doctor(found, namespace, cluster))
     print(f"dapo doctor: release {args.release} in namespace {namespace}, {cluster.client.configuration.host}")
     print(table(rows))
     counts = Counter(r.verdict for r in rows)

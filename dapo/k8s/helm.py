@@ -361,6 +361,12 @@ def render(chart_dir: Path, values: dict[str, Any], *, release: str, namespace: 
     """Every object ``helm template <release> <chart> -n <namespace>`` renders from these user values (NOTES.txt
     left out), in template order. Refusals (schema, the chart's rules) raise :class:`ValuesError` with Helm's
     message."""
+    return render_release(chart_dir, values, release=release, namespace=namespace, is_upgrade=is_upgrade)[0]
+
+
+def render_release(chart_dir: Path, values: dict[str, Any], *, release: str, namespace: str,
+                   is_upgrade: Optional[bool] = None) -> tuple[list[Manifest], str]:
+    """:func:`render`'s objects and the NOTES Helm prints after the install, from one render."""
     h = helm()
     chart = load_chart(str(chart_dir))
     try:
@@ -368,9 +374,10 @@ def render(chart_dir: Path, values: dict[str, Any], *, release: str, namespace: 
                                 is_install=None if is_upgrade is None else not is_upgrade)
     except h.HelmError as exc:
         raise ValuesError(_message(exc)) from exc
-    out = []
+    out, notes = [], ""
     for source in sorted(rendered):
         if source.endswith("NOTES.txt"):
+            notes = rendered[source]
             continue
         # Helm's SplitManifests: a document's leading white space goes, its trailing white space stays
         for text in _DOC_SEP.split(rendered[source].lstrip()):
@@ -379,18 +386,7 @@ def render(chart_dir: Path, values: dict[str, Any], *, release: str, namespace: 
             obj = h.values_from_yaml(text.lstrip())
             if obj:
                 out.append(Manifest(source, text.lstrip(), obj))
-    return out
-
-
-def notes(chart_dir: Path, values: dict[str, Any], *, release: str = "dapo", namespace: str = "default") -> str:
-    """The chart's NOTES.txt as ``helm install`` prints it for these values (refusals raise :class:`ValuesError`)."""
-    h = helm()
-    chart = load_chart(str(chart_dir))
-    try:
-        rendered = chart.render(values, name=release, namespace=namespace, is_upgrade=False, is_install=True)
-    except h.HelmError as exc:
-        raise ValuesError(_message(exc)) from exc
-    return next((text for source, text in rendered.items() if source.endswith("/NOTES.txt")), "")
+    return out, notes
 
 
 def _message(exc: Exception) -> str:

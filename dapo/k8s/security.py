@@ -7,24 +7,15 @@ tests/test_security.py holds the level against the Pod Security Standards' own r
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from typing import Any
 
 LEVEL = re.compile(r'the pods need the Pod Security Standard "(restricted|baseline|privileged)"')
 REASONS = "(a \"restricted\" namespace refuses these pods) because of:"
 
 
-def pod_security_profile(chart_dir: Path, values: dict[str, Any]) -> tuple[str, list[str]]:
-    """The Pod Security Standard level the namespace needs for these values ("restricted", "baseline" or
-    "privileged") and why, read from the NOTES Helm renders for them."""
-    from dapo.k8s.helm import notes
-
-    return read_profile(notes(chart_dir, values))
-
-
-def read_profile(text: str) -> tuple[str, list[str]]:
-    """(level, reasons) from the text of the chart's NOTES. Raises ValueError when NOTES names no level (the chart
-    and this reader disagree)."""
+def pod_security_profile(text: str) -> tuple[str, list[str]]:
+    """The Pod Security Standard level the namespace needs ("restricted", "baseline" or "privileged") and why, from
+    the text of the chart's NOTES as Helm rendered them. Raises ValueError when NOTES name no level (the chart and
+    this reader disagree)."""
     m = LEVEL.search(text)
     if not m:
         raise ValueError("the chart's NOTES name no Pod Security Standard level")
