@@ -341,6 +341,12 @@ def test_the_preset_is_loaded_from_what_the_workers_mount_with_the_entrypoints_o
     job["spec"]["entrypoint"] = job["spec"]["entrypoint"].replace("placement.nodes=16", "placement.nodes=0")
     with pytest.raises(ConfigError, match="placement.nodes"):
         validate_preset(broken)
+    # an option `dapo train` does not take (an override written as a flag) is named, not an argparse exit
+    flagged = job["spec"]["entrypoint"]
+    job["spec"]["entrypoint"] = flagged + " --lr=1e-6"
+    with pytest.raises(ValuesError, match="does not take --lr=1e-6"):
+        validate_preset(broken)
+    job["spec"]["entrypoint"] = flagged
     # a --preset outside the mounted folder is named
     job["spec"]["entrypoint"] = job["spec"]["entrypoint"].replace("/etc/dapo/presets/", "/opt/presets/")
     with pytest.raises(ValuesError, match="--preset /opt/presets/full.yaml is not in the ConfigMap"):

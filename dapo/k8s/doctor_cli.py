@@ -68,7 +68,10 @@ def validate_preset(objects: list[dict[str, Any]]) -> None:
         argv = shlex.split(job["spec"].get("entrypoint") or "")
         if "dapo.train" not in argv:
             continue
-        args = build_parser().parse_args(argv[argv.index("dapo.train") + 1:])
+        args, unknown = build_parser().parse_known_args(argv[argv.index("dapo.train") + 1:])
+        if unknown:
+            raise ValuesError(f"overrides: the training entrypoint would stop at once: `dapo train` does not take "
+                              f"{' '.join(unknown)} (an override is key=value)")
         ours, _verl = split_overrides(args.overrides)
         folder, name = posixpath.split(args.preset)
         files = _mounted_config_map(job, objects, folder)
