@@ -60,7 +60,7 @@ def validate_preset(objects: list[dict[str, Any]]) -> None:
     where ``--preset`` points (the driver runs on a worker). Nothing to load when no RayJob runs ``dapo.train`` (the
     evaluation alone, or the reference recipe, whose overrides are verl 4f80e46's). Raises ConfigError naming the
     offending key, ValuesError when the preset the entrypoint names is not mounted."""
-    from dapo.config import load_preset, split_overrides
+    from dapo.config import ConfigError, load_preset, split_overrides
     from dapo.k8s import ValuesError
     from dapo.train.cli import build_parser
 
@@ -81,7 +81,10 @@ def validate_preset(objects: list[dict[str, Any]]) -> None:
         with tempfile.TemporaryDirectory(prefix="dapo-preset-") as tmp:
             for key, text in files.items():
                 Path(tmp, key).write_text(text)
-            load_preset(str(Path(tmp, name)), ours)
+            try:
+                load_preset(str(Path(tmp, name)), ours)
+            except ConfigError as exc:  # named as the pod would name it: the mounted path
+                raise ConfigError(str(exc).replace(tmp, folder)) from None
 
 
 def _mounted_config_map(job: dict[str, Any], objects: list[dict[str, Any]], folder: str) -> dict[str, str]:
