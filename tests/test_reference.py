@@ -20,7 +20,6 @@ from conftest import ROOT
 from dapo.reference import command as reference_command
 from dapo.reference import translate as reference
 from dapo.config import list_presets, load_preset
-from dapo.k8s import versions
 from k8s_support import (
     CHART_DIR,
     VALUES_DIR,
@@ -110,8 +109,9 @@ def test_reference_entrypoint_passes_the_reference_scripts_arguments_key_by_key(
     assert env == {**ref_env, **EXTRA_ENV}
     # the reproduction image and its Ray on every pod of the job
     cluster = job["spec"]["rayClusterSpec"]
-    image = f"{versions.IMAGE_REPOSITORY}:{versions.REPRO_IMAGE_TAG}"
-    assert cluster["rayVersion"] == versions.REPRO_RAY_VERSION
+    pin = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["train"]["reference"]
+    image = f"{pin['image']['repository']}:{pin['image']['tag']}"
+    assert cluster["rayVersion"] == pin["rayVersion"]
     pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
     if "submitterPodTemplate" in job["spec"]:  # K8sJobMode only; HTTPMode (the default) has no submitter pod
         pods.append(job["spec"]["submitterPodTemplate"]["spec"])
@@ -134,14 +134,15 @@ def test_reference_defaults_agree_with_the_fidelity_transcription():
 
 
 def test_pins_of_the_reference_runner_are_the_reproduction_stack():
+    from test_docker import makefile_var, repro_image_tag
+
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["train"]["reference"]
-    assert values["image"] == {"repository": versions.IMAGE_REPOSITORY, "tag": versions.REPRO_IMAGE_TAG, "digest": ""}
-    assert values["rayVersion"] == versions.REPRO_RAY_VERSION
+    # `make image IMAGE_STACK=repro` builds it; its Ray is the one the reproduction stack pins
+    assert values["image"] == {"repository": makefile_var("IMAGE"), "tag": repro_image_tag(), "digest": ""}
     pins = (ROOT / "docker" / "constraints-repro.txt").read_text()
-    assert re.search(rf"^ray=={re.escape(versions.REPRO_RAY_VERSION)}\s", pins, re.M)
+    assert re.search(rf"^ray=={re.escape(values['rayVersion'])}\s", pins, re.M)
     assert re.search(rf"^VERL_COMMIT={reference.REFERENCE_COMMIT}$", (ROOT / "docker" / "repro.args").read_text(), re.M)
     assert reference.REFERENCE_COMMIT == FIDELITY.REFERENCE_COMMIT
-    assert f"IMAGE_STACK)),{versions.REPRO_IMAGE_TAG}," in (ROOT / "Makefile").read_text()
     # the Dockerfile keeps the commit's source tree where the job's PYTHONPATH points
     assert "cp -a /src/verl /opt/verl" in (ROOT / "docker" / "Dockerfile").read_text()
     assert values["sourceDir"] == "/opt/verl"

@@ -6,7 +6,7 @@ own engine (:mod:`dapo.k8s.helm`), so there is no second renderer to keep equal 
 - :mod:`dapo.k8s.helm`: the chart through Helm's own code in-process (the Helm SDK): ``-f``/``--set``/``--set-string``/
   ``--set-json``/``--set-file`` read as Helm reads them, the objects rendered by Helm's engine. ``scripts/render.py``
   and ``dapo doctor`` render with it.
-- :mod:`dapo.k8s.versions`: the pinned image / Ray / KubeRay versions.
+- :mod:`dapo.k8s.versions`: the KubeRay version and name limits (the images are pinned in values.yaml).
 - :mod:`dapo.k8s.presets`: the preset chain with the chart's error type (:class:`ValuesError`), for ``dapo plan``.
 - :mod:`dapo.k8s.rules`: KubeRay controller rules that the CRD schemas do not encode, checked on what
   ``scripts/render.py`` renders.
