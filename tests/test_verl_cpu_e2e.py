@@ -193,13 +193,13 @@ def _scenario(root: Path) -> dict:
         assert driver in {w.node_id for w in workers}, "the driver (the DAPO loop) runs on a worker pod"
         (lost,) = [w for w in workers if w.node_id != driver]
         assert slow is not None and slow.pid == _other_rank_pid(cluster, driver)
-        slow.stop()
+        achieved = slow.stop()
         # the rank freezes in step KILL_AFTER + 1's update: a gloo collective that never returns on the other rank
         _wait_phase(run, "update_actor", KILL_AFTER, RUN_TIMEOUT_S)
         os.kill(slow.pid, signal.SIGSTOP)
         t_frozen = time.monotonic()
         assert _wait_status(client, job_id, TERMINAL, FROZEN_ENDS_WITHIN_S + 30) == "FAILED"
-        placement.update(driver=driver, lost=lost.node_id, lost_pod=lost.name, frozen_pid=slow.pid,
+        placement.update(driver=driver, lost=lost.node_id, lost_pod=lost.name, frozen_pid=slow.pid, slowdown=achieved,
                          failed_after_s=time.monotonic() - t_frozen, message=client.get_job_info(job_id).message or "")
         lost.lose()  # the frozen pod goes, as KubeRay deletes a failed attempt's cluster
         timing["attempt_1_s"] = time.monotonic() - t0
@@ -243,34 +243,48 @@ def _wait_phase(run: Path, phase: str, step: int, timeout: float) -> None:
     pytest.fail(f"the loop never reached {phase} after step {step}: {read_progress(run)}")
 
 
+# The slowing loop, in a process of its own: a thread of this test's process would wait for the GIL behind the main
+# thread's polling, stretching the running share (a probe ratio of 1.6 for a rank meant to run at a third of its speed)
+_SLOWING = """
+import os, signal, sys, time
+pid, run_s, stop_s = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+done = []
+signal.signal(signal.SIGTERM, lambda *_: done.append(1))
+t0, ran = time.monotonic(), 0.0
+try:
+    while not done:
+        os.kill(pid, signal.SIGCONT)
+        t = time.monotonic()
+        time.sleep(run_s)
+        os.kill(pid, signal.SIGSTOP)
+        ran += time.monotonic() - t
+        time.sleep(stop_s)
+except ProcessLookupError:
+    pass
+finally:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+    print(f"{(time.monotonic() - t0) / max(ran, 1e-9):.2f}", flush=True)
+"""
+
+
 class _Slowdown:
-    """A process run at 1/SLOWDOWN of its speed: SIGSTOP and SIGCONT in turn from a thread (a GPU gone slow)."""
+    """A process run at 1/SLOWDOWN of its speed (a GPU gone slow): SIGCONT for ``period`` s, SIGSTOP for
+    (SLOWDOWN - 1) x ``period``, in turn, from a process of its own; :meth:`stop` ends that, the process left running,
+    and returns the slowdown achieved (wall time over running time). ``period`` 10 ms: sleeps of 4 ms overshoot enough
+    to give 2.2x for 3x; the CPU probe (~50 ms of work) still spans several periods."""
 
-    def __init__(self, pid: int, period: float = 0.004):
-        import threading
+    def __init__(self, pid: int, period: float = 0.01):
+        self.pid = pid
+        self.proc = subprocess.Popen([sys.executable, "-c", _SLOWING, str(pid), str(period),
+                                      str(period * (SLOWDOWN - 1))], stdout=subprocess.PIPE, text=True)
 
-        self.pid, self.period, self.done = pid, period, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self.done.is_set():
-                os.kill(self.pid, signal.SIGCONT)
-                time.sleep(self.period)
-                os.kill(self.pid, signal.SIGSTOP)
-                time.sleep(self.period * (SLOWDOWN - 1))
-        except ProcessLookupError:
-            pass
-        finally:
-            try:
-                os.kill(self.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join(timeout=10)
+    def stop(self) -> float:
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=10)
+        return float(out.strip() or "nan")
 
 
 def _placement(cluster) -> dict:
@@ -620,9 +634,13 @@ def test_a_rank_at_a_third_of_its_speed_is_named_with_its_node(scenario, metrics
     by_step = {m["step"]: m for m in metrics}
     m = by_step[KILL_AFTER]  # the step the slowdown covered (from checkpoint 1 to checkpoint KILL_AFTER)
     print(f"compute probe, step {KILL_AFTER}: rank {m['ranks/probe_slowest_rank']:.0f} at "
-          f"{m['ranks/probe_max_over_median']:.2f}x the other")
+          f"{m['ranks/probe_max_over_median']:.2f}x the other (slowed {pl['slowdown']:.2f}x)")
     assert m["ranks/probe_slowest_rank"] == slowed
-    assert 2.0 <= m["ranks/probe_max_over_median"] <= 5.0, m["ranks/probe_max_over_median"]
+    # the probe sees the slowdown the injector achieved, as far as a 2-core machine shared with the run's other
+    # processes lets it (the unslowed rank waits for a core too: measured 2.03, 2.38, 2.74 for 3.14, 3.00, 2.88), and
+    # above slow_ratio (1.5), where the rank is named
+    ratio = m["ranks/probe_max_over_median"]
+    assert max(1.5, 0.5 * pl["slowdown"]) < ratio <= 1.7 * pl["slowdown"], (ratio, pl["slowdown"])
     log = (run / "logs" / "attempt-1.log").read_text()
     assert f"SLOW NODE: slow rank {slowed} on node node-{pl['lost_pod']}" in log
     end_nodes = __import__("dapo.train.attempts", fromlist=["read_end"]).read_end(run / "logs", 1)["nodes"]
