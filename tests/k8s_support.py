@@ -50,16 +50,13 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def stand_in_fabric(files=(), values: dict[str, Any] | None = None) -> dict[str, Any]:
-    """STAND_IN_FABRIC when the chart refuses these values (over these files) for want of a declared fabric -- a run
-    of our trainer on more than one GPU node (its dapo.missingValues) -- else {}. Helm decides, not a copy of its
-    rule: the values are rendered once to see."""
-    v = copy.deepcopy(values or {})
-    for f in reversed(list(files)):
-        v = merge(yaml.safe_load(Path(f).read_text()) or {}, v)
-    if (v.get("fabric") or {}).get("expect"):
+def stand_in_fabric(values: dict[str, Any]) -> dict[str, Any]:
+    """STAND_IN_FABRIC when the chart refuses these values for want of a declared fabric -- a run of our trainer on
+    more than one GPU node (its dapo.missingValues) -- else {}. Helm decides, not a copy of its rule: the values are
+    rendered once to see."""
+    if (values.get("fabric") or {}).get("expect"):
         return {}
-    return copy.deepcopy(STAND_IN_FABRIC) if _wants_fabric(json.dumps(v, sort_keys=True)) else {}
+    return copy.deepcopy(STAND_IN_FABRIC) if _wants_fabric(json.dumps(values, sort_keys=True)) else {}
 
 
 @functools.lru_cache(maxsize=None)
