@@ -70,6 +70,41 @@ def kill_processes_naming(marker: str) -> None:
             pass
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """``n`` distinct TCP ports nobody listens on at 127.0.0.1, drawn between Ray's worker ports (10002-19999) and
+    the kernel's ephemeral range (``net.ipv4.ip_local_port_range``, 32768-60999 by default). A port taken with
+    ``bind(0)`` comes from the ephemeral range, which every outgoing connection on the machine also draws from: between
+    our close and the server's own bind, a connection of some other process (a Ray worker's gRPC client) may take it,
+    and the server dies on "Address already in use". Below that range only listeners take ports."""
+    import random
+    import socket
+
+    low, high = 20000, int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) - 1
+    if high <= low:  # the ephemeral range starts low on this machine: no quiet range, a collision stays possible
+        low, high = 20000, 29999
+    ports: list[int] = []
+    for port in random.sample(range(low, high + 1), high - low + 1):
+        if port in _PORTS_GIVEN:  # handed out earlier in this session: its server may not be up yet
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PORTS_GIVEN.add(port)
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise RuntimeError(f"no {n} free ports in {low}-{high}")
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
+
+
 SHM = Path("/dev/shm")
 
 

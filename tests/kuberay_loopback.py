@@ -28,13 +28,13 @@ import os
 import random
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
+from conftest import free_ports
 from dapo.util.gofmt import go_quote
 
 VENV_BIN = Path(sys.executable).parent
@@ -55,16 +55,6 @@ FAST_HEALTH_CHECKS = {
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_initial_delay_ms": "1000",
 }
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import kill_processes_naming, vllm_python
+from conftest import free_port, kill_processes_naming, vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.eval_e2e]
@@ -45,12 +44,6 @@ print(json.dumps(cfg.get_engine_config().placement_bundles))
 
 def eval_python() -> str:
     return vllm_python()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def listening_addresses(port: int) -> set[str]:

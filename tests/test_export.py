@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_port
 from dapo.eval.export import MARKER, export_checkpoint, resolve_step
 from dapo.eval.fsdp_merge import ExportError
 
@@ -82,14 +83,6 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def build_checkpoint(ckpt: Path, step: int, tie: bool, world: int = 2, fsdp_size: int = -1) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -113,7 +106,7 @@ def build_checkpoint(ckpt: Path, step: int, tie: bool, world: int = 2, fsdp_size
     fast.save_pretrained(actor / "huggingface")
     script = ckpt / "rank.py"
     script.write_text(RANK_SCRIPT)
-    port = _free_port()
+    port = free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(ckpt / "original.pt"), str(actor), str(fsdp_size)],

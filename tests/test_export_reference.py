@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_port
 from dapo.eval.export import export_checkpoint
 from dapo.eval.fsdp_merge import ExportError
 
@@ -61,14 +62,6 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def reference_ckpt(tmp_path_factory) -> Path:
     """<default_local_dir> of a reference run at step 5 (2 ranks, an untied tiny Qwen2), as verl 4f80e46 writes it."""
@@ -93,7 +86,7 @@ def reference_ckpt(tmp_path_factory) -> Path:
     fast.save_pretrained(actor / "huggingface")
     script = ckpt.parent / "rank.py"
     script.write_text(RANK_SCRIPT)
-    port = _free_port()
+    port = free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(ckpt.parent / "original.pt"), str(actor)],

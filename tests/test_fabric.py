@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, free_port
 from dapo.train import fabric
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
@@ -25,16 +24,10 @@ def _lines(name: str) -> list[str]:
     return [ln for ln in (FIXTURES / f"{name}.log").read_text().splitlines() if not ln.startswith("#")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def gloo_rows():
     """Two processes, one gloo group over loopback, the sweep measured (rank 0's JSON: the slowest rank's times)."""
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     procs = [subprocess.Popen([sys.executable, "-m", "dapo.train.fabric", "--rank", str(r), "--world", "2", "--init",
                                init, "--backend", "gloo", "--sizes", ",".join(map(str, SIZES)), "--iters", "3"],
@@ -67,7 +60,7 @@ os._exit(0)  # rank 1's group stays up: the process ends without tearing it down
 def test_a_rank_leaves_its_process_group_only_when_asked_to_tear_down():
     """run_rank's teardown: rank 0 (teardown, the command line's ranks) leaves the group after measuring; rank 1
     (teardown=False, the fabric check's Ray actors, which the driver kills) leaves it up."""
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     procs = [subprocess.Popen([sys.executable, "-c", _TEARDOWN_RANK, str(r), init], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]

@@ -6,10 +6,13 @@ ConvertRayJobToReq), transcribed; Go's strconv.Quote is written out as Python st
 from __future__ import annotations
 
 import shlex
+import socket
+from pathlib import Path
 
 import pytest
 from kubernetes.utils.quantity import parse_quantity
 
+from conftest import free_ports
 from k8s_support import by_key, helm_objects, set_files, user_values
 from kuberay_loopback import (
     auth_env,
@@ -176,3 +179,14 @@ def test_the_rendered_rayjobs_turn_token_auth_on_for_the_loopback():
     files, release = set_files("tiny")
     job = by_key(helm_objects(user_values(files), release=release))[("RayJob", f"{release}-train")]
     assert kuberay_auth_token(job)
+
+
+def test_the_ports_tests_give_servers_are_below_the_ephemeral_range_free_and_never_given_twice():
+    first, second = free_ports(2), free_ports(40)
+    start = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if start > 20000:  # an outgoing connection never takes one of these
+        assert all(20000 <= p < start for p in first + second)
+    assert len(set(first + second)) == 42
+    for port in first + second:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

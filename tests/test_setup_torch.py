@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_VENVS = (".venv", ".venv-vllm", ".venv-trl")
 
@@ -134,18 +136,12 @@ def _fake_torch_wheel(directory: Path) -> Path:
     return directory / name
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_probe_sees_a_served_index_and_a_404_or_a_closed_port_as_not_serving(index):
     url, _, _ = index
     assert install_torch.probe(url) is None
     assert "HTTP 404" in install_torch.probe(url + "/nothing-here")
     start = time.monotonic()
-    assert "refused" in install_torch.probe(f"http://127.0.0.1:{_free_port()}").lower()
+    assert "refused" in install_torch.probe(f"http://127.0.0.1:{free_port()}").lower()
     assert time.monotonic() - start < 1.0
 
 
@@ -203,7 +199,7 @@ def test_pip_takes_the_cpu_build_from_the_index_and_only_that_file(venv, index):
 def test_with_the_index_down_pip_takes_the_cpu_build_from_a_wheel_directory_at_once(venv, index):
     _, _, wheels = index
     start = time.monotonic()
-    proc = _run_script(venv, f"http://127.0.0.1:{_free_port()}", _plain_pip_env(PIP_NO_INDEX="1",
+    proc = _run_script(venv, f"http://127.0.0.1:{free_port()}", _plain_pip_env(PIP_NO_INDEX="1",
                                                                                 PIP_FIND_LINKS=str(wheels)))
     assert proc.returncode == 0, proc.stderr
     assert _installed_torch(venv) == "2.13.0+cpu"
@@ -213,7 +209,7 @@ def test_with_the_index_down_pip_takes_the_cpu_build_from_a_wheel_directory_at_o
 
 def test_with_the_index_down_and_no_wheel_the_setup_stops_and_says_what_to_set(venv, index):
     url, _, _ = index
-    proc = _run_script(venv, f"http://127.0.0.1:{_free_port()}", _plain_pip_env(PIP_INDEX_URL=f"{url}/empty/"))
+    proc = _run_script(venv, f"http://127.0.0.1:{free_port()}", _plain_pip_env(PIP_INDEX_URL=f"{url}/empty/"))
     assert proc.returncode == 1
     assert "TORCH_INDEX" in proc.stderr and "PIP_FIND_LINKS" in proc.stderr, proc.stderr
     assert _installed_torch(venv) == ""

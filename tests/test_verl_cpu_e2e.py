@@ -32,7 +32,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, kill_processes_naming, remove_orphaned_shm, shm_entries, vllm_python
+from conftest import ROOT, free_port, kill_processes_naming, remove_orphaned_shm, shm_entries, vllm_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.verl_cpu]
 
@@ -731,9 +730,7 @@ def test_the_exported_checkpoint_is_served_and_scored(scenario):
     DAPO's verifier on held-out problems of the tiny task; the trained model answers most of them."""
     py, base, run = scenario["py"], scenario["base"], scenario["run"]
     val = next((run / "assets").glob("*/data/validation.parquet"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ray_tmp = tempfile.mkdtemp(prefix="dv-", dir="/tmp")
     shm_before = shm_entries()
     out = base / "eval"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, free_port
 
 pytest.importorskip("verl")
 
@@ -40,15 +39,9 @@ def _sleep_line() -> int:
     return next(i for i, line in enumerate(WORKER.split("\n"), 1) if line.startswith("time.sleep"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(run_dir: Path, timeout_s: int, hold_s: float) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HOLD_S=str(hold_s), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), DAPO_NODE_NAME="gpu-node-3",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), DAPO_NODE_NAME="gpu-node-3",
                DAPO_POD_NAME="dapo-train-worker-x1", DAPO_HOOK_POLL_S="0.1",
                # verl's own workers on CPU: the CPU platform's patch of the same function applies too (its entry point)
                VERL_PLATFORM="cpu",
