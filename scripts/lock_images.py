@@ -2,7 +2,7 @@
 """The lock files of the container images: one full resolution per image, every package pinned and hashed.
 
     python scripts/lock_images.py                  # write docker/locks/ from the inputs (`make lock`)
-    python scripts/lock_images.py --check          # resolve again; exit 1 if a committed lock differs (stale)
+    python scripts/lock_images.py --check          # resolve again keeping the committed pins; exit 1 if one moves
     python scripts/lock_images.py --image eval     # one image only (also with --check)
 
 Inputs of an image's lock: the names it installs (docker/requirements*.in), its constraints file (the pins, each with
@@ -39,6 +39,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -155,12 +156,19 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("UV_") or k in UV_ENV_KEPT}
 
 
-def resolve(image: Image, uv: str) -> str:
-    """uv's lock for `image` (no header). Raises LockError with uv's own explanation when it fails."""
+def resolve(image: Image, uv: str, prefer: str = "") -> str:
+    """uv's lock for `image` (no header). Raises LockError with uv's own explanation when it fails. `prefer`: a lock
+    whose pins uv keeps wherever the inputs still admit them (uv reads the existing `--output-file` as preferences,
+    as pip-compile does), so the result is that lock unless the inputs or the registry's files rule a pin out."""
     extra = ["--index-url", os.environ[INDEX_ENV]] if os.environ.get(INDEX_ENV) else []
     # the interpreter uv builds pure-Python sdists with to read their metadata (the target Python is not installed)
     extra += ["--python", sys.executable]
-    proc = subprocess.run([uv, *compile_args(image), *extra], cwd=ROOT, env=_env(), capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        if prefer:
+            (Path(tmp) / "prefer.txt").write_text(prefer)
+            extra += ["--output-file", str(Path(tmp) / "prefer.txt")]  # a copy: uv overwrites it
+        proc = subprocess.run([uv, *compile_args(image), *extra], cwd=ROOT, env=_env(), capture_output=True,
+                              text=True)
     if proc.returncode != 0:
         message = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("warning:")).strip()
         raise LockError(f"{image.name}: the inputs do not resolve ({image.requirements}, {image.constraints}, "
@@ -310,10 +318,20 @@ def header_digest(text: str) -> str | None:
 # make lock / --check
 
 
-def generate(names: list[str]) -> dict[str, str]:
+def committed_resolution(image: Image) -> str:
+    """The committed lock of `image` as one resolution (runtime and source files; the build file is a subset)."""
+    files = lock_files(image)
+    paths = [ROOT / files[kind] for kind in ("runtime", "source") if kind in files]
+    return "".join(p.read_text() for p in paths if p.exists())
+
+
+def generate(names: list[str], keep_committed: bool = False) -> dict[str, str]:
+    """{path: text} of the locks of `names`: a fresh resolution, or (`keep_committed`) one that keeps each committed
+    pin the inputs and the registry still admit."""
     uv = uv_binary()
+    prefer = {n: committed_resolution(IMAGES[n]) if keep_committed else "" for n in names}
     with ThreadPoolExecutor(max_workers=len(names)) as pool:
-        outputs = list(pool.map(lambda n: resolve(IMAGES[n], uv), names))
+        outputs = list(pool.map(lambda n: resolve(IMAGES[n], uv, prefer[n]), names))
     files: dict[str, str] = {}
     for name, output in zip(names, outputs):
         files.update(render(IMAGES[name], output))
@@ -344,9 +362,12 @@ def describe_drift(path: str, committed: str, fresh: str) -> str:
 
 
 def check(names: list[str]) -> list[str]:
-    """Problems (one text each) of the committed locks of `names` against a fresh resolution; [] when current."""
+    """Problems (one text each) of the committed locks of `names`; [] when current. The inputs are resolved again with
+    the committed pins preferred: a lock is stale when that resolution moves a pin or a hash (an input changed, a
+    pinned file left the registry), not because the registry shows a release it did not show when the lock was
+    written (a mirror that lagged behind `exclude-newer`'s date; `make lock` takes such releases)."""
     problems = []
-    fresh = generate(names)
+    fresh = generate(names, keep_committed=True)
     for path, text in fresh.items():
         committed = (ROOT / path).read_text() if (ROOT / path).exists() else ""
         if committed != text:

@@ -6,9 +6,9 @@ are parts of the same resolution, and the resolver settings of scripts/lock_imag
 (Python, glibc of the base image, lock name). The lock's agreement with the chart's rayVersion, pyproject's extras
 and the image tags is checked in tests/test_docker.py.
 
-Registry (`network`): resolving each image's inputs again reproduces its committed lock -- on drift the test prints
-the packages that moved and the diff, on an unsatisfiable set uv's explanation, which names the conflict -- and
-the facts behind "one image or two" (docs/images.md) hold for the resolver.
+Registry (`network`): resolving each image's inputs again, its committed pins preferred, reproduces its committed
+lock -- on drift the test prints the packages that moved and the diff, on an unsatisfiable set uv's explanation,
+which names the conflict -- and the facts behind "one image or two" (docs/images.md) hold for the resolver.
 """
 
 from __future__ import annotations
@@ -246,6 +246,26 @@ def test_committed_lock_is_what_its_inputs_resolve_to(name, registry):
     except lock_images.LockError as exc:
         pytest.fail(f"{name}: the image's inputs are unsatisfiable or could not be resolved:\n{exc}")
     assert not problems, "\n\n".join(problems)
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_the_check_keeps_a_pin_the_registry_has_since_shown_a_newer_release_of(registry, tmp_path):
+    # a registry mirror that lagged: when the lock was written it did not yet show the newest filelock uploaded before
+    # exclude-newer's date (CI met exactly this); the check must keep the committed pin, not call the lock stale
+    image = IMAGES["train"]
+    entries = lock_images.parse(lock_images.committed_resolution(image))
+    current = {e.name: e.version for e in entries}
+    request = tmp_path / "older.in"
+    request.write_text(f"filelock<{current['filelock']}\n")
+    older = subprocess.run(
+        [registry, "pip", "compile", str(request), "--no-config", "--config-file", str(ROOT / lock_images.SETTINGS),
+         "--python-version", image.python, "--no-header", "--quiet"],
+        capture_output=True, text=True, check=True).stdout
+    (previous,) = re.findall(r"^filelock==(\S+)$", older, re.M)
+    lagged = "".join(f"filelock=={previous}\n" if e.name == "filelock" else e.text for e in entries)
+    kept = lock_images.versions(lock_images.resolve(image, registry, prefer=lagged))
+    assert kept == {**current, "filelock": previous}
 
 
 @pytest.mark.network
