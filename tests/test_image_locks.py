@@ -250,7 +250,7 @@ def test_committed_lock_is_what_its_inputs_resolve_to(name, registry):
 
 @pytest.mark.network
 @pytest.mark.slow
-def test_the_check_keeps_a_pin_the_registry_has_since_shown_a_newer_release_of(registry, tmp_path):
+def test_the_check_keeps_a_pin_the_registry_has_since_shown_a_newer_release_of(registry, tmp_path, monkeypatch):
     # a registry mirror that lagged: when the lock was written it did not yet show the newest filelock uploaded before
     # exclude-newer's date (CI met exactly this); the check must keep the committed pin, not call the lock stale
     image = IMAGES["train"]
@@ -266,6 +266,12 @@ def test_the_check_keeps_a_pin_the_registry_has_since_shown_a_newer_release_of(r
     lagged = "".join(f"filelock=={previous}\n" if e.name == "filelock" else e.text for e in entries)
     kept = lock_images.versions(lock_images.resolve(image, registry, prefer=lagged))
     assert kept == {**current, "filelock": previous}
+    # the check itself prefers what is committed: committed one release behind, it resolves to that release
+    monkeypatch.setattr(lock_images, "committed_resolution", lambda img: lagged)
+    problems = lock_images.check(["train"])
+    assert problems, "the check resolved fresh: it did not keep the committed filelock pin"
+    assert f"filelock: {current['filelock']} committed, {previous} resolved" in problems[0]
+    assert not [line for line in problems[0].splitlines() if " committed, " in line and "filelock" not in line]
 
 
 @pytest.mark.network

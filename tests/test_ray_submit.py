@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import free_ports
 from k8s_support import by_key, helm_objects, set_files, user_values
-from kuberay_loopback import TERMINAL, VENV_BIN, free_ports, kuberay_submit_args, stop_marked_processes
+from kuberay_loopback import TERMINAL, VENV_BIN, kuberay_submit_args, stop_marked_processes
 
 pytestmark = pytest.mark.slow
 
